@@ -1,0 +1,111 @@
+"""Replace attention sites by the prologue + core ops of their scheme (in place on the FX graph)."""
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from .site import Site, val
+
+
+def _fake_mode(site: Site):
+    return torch._guards.detect_fake_mode([val(site.q)])
+
+
+def _set_meta(node: fx.Node, fake_mode) -> None:
+    """Fill ``example_value`` of a new node by running it on fake tensors (best effort)."""
+    if fake_mode is None:
+        return
+    args = fx.node.map_arg(node.args, val)
+    kwargs = fx.node.map_arg(node.kwargs, val)
+    try:
+        with fake_mode:
+            if node.op == "call_method":
+                out = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                out = node.target(*args, **kwargs)
+        node.meta["example_value"] = out
+    except Exception:  # metadata is an optimisation for later passes, never a reason to fail
+        pass
+
+
+def _scale_arg(graph: fx.Graph, site: Site, emit):
+    s = site.scale
+    if not (isinstance(s, tuple) and s and s[0] == "factors"):
+        return s  # SDPA: None, a float or a symbolic node
+    out = 1.0
+    for op, f in s[1]:
+        if isinstance(out, (int, float)) and isinstance(f, (int, float)):
+            out = out * f if op == "mul" else out / f
+        else:
+            out = emit("call_function", operator.mul if op == "mul" else operator.truediv, (out, f))
+    return float(out) if isinstance(out, (int, float)) else out
+
+
+def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
+    """Rewrite every site whose decision carries a scheme; returns the number replaced."""
+    graph = getattr(gm, "graph", gm)
+    ops = torch.ops.sage_compile
+    n_done = 0
+    for site, dec in zip(sites, decisions):
+        if dec.scheme is None:
+            continue
+        fm = _fake_mode(site)
+        with graph.inserting_before(site.node):
+            def emit(op, target, args, kwargs=None):
+                n = graph.create_node(op, target, tuple(args), kwargs or {})
+                _set_meta(n, fm)
+                return n
+
+            q, k, v = site.q, site.k, site.v
+            mask = site.mask
+            if isinstance(mask, tuple):  # masked_fill(cond) / where(cond, fill, x): keep = ~cond
+                mask = emit("call_function", operator.invert, (mask[0],))
+            if site.rank3:
+                q, k, v = (emit("call_method", "unsqueeze", (t, 0)) for t in (q, k, v))
+                if mask is not None and val(mask).dim() == 3:
+                    mask = emit("call_method", "unsqueeze", (mask, 0))
+            scale = _scale_arg(graph, site, emit)
+            out_dtype = val(site.q).dtype
+            if dec.scheme == "int8_fp8":
+                qt = emit("call_function", ops.quantize_int8_fp8.default, (q, k, v, site.layout))
+                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
+                out = emit("call_function", ops.attention_int8_fp8.default,
+                           (*parts, mask, site.causal, scale, site.layout, out_dtype))
+            elif dec.scheme == "int8_fp16":
+                qt = emit("call_function", ops.quantize_int8_fp16.default, (q, k, v, site.layout))
+                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(5)]
+                out = emit("call_function", ops.attention_int8_fp16.default,
+                           (*parts, mask, site.causal, scale, site.layout, out_dtype))
+            elif dec.scheme == "fp4":
+                o = options
+                qt = emit("call_function", ops.quantize_fp4.default,
+                          (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth))
+                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(7)]
+                out = emit("call_function", ops.attention_fp4.default,
+                           (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
+            else:
+                raise ValueError(f"rewrite: no ops for scheme {dec.scheme!r}")
+            if site.layout == "NHD":
+                out = emit("call_method", "transpose", (out, 1, 2))
+            if site.rank3:
+                out = emit("call_method", "squeeze", (out, 0))
+            want = val(site.node).dtype if isinstance(val(site.node), torch.Tensor) else out_dtype
+            if want != out_dtype:
+                out = emit("call_method", "to", (out, want))
+        out.meta["stack_trace"] = site.node.meta.get("stack_trace")
+        site.node.replace_all_uses_with(out)
+        for n in reversed(sorted(set(site.pattern_nodes), key=_order(graph))):
+            if not n.users and n.graph is graph:
+                graph.erase_node(n)
+        n_done += 1
+    graph.lint()
+    if hasattr(gm, "recompile"):
+        gm.recompile()
+    return n_done
+
+
+def _order(graph):
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    return lambda n: pos.get(n, -1)

@@ -1,0 +1,47 @@
+"""sage-compile: quantized attention (SageAttention family) as a torch.compile backend.
+
+    torch.compile(model, backend="sage")                    # every attention site -> sage ops
+    torch.compile(model, backend=sage_compile.make_backend(kernel="fp4"))
+    with sage_compile.options(kernel="int8_fp8"): ...       # configuration for compiles inside
+    with sage_compile.enable(): model(x)                    # eager models, no compile
+    sage_compile.attention(q, k, v, scheme="int8_fp8")      # the op itself, (B, H, N, D)
+
+Imports are lazy so the ``torch.backends`` autoload hook stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "make_backend": ("backend", "make_backend"),
+    "sage_backend": ("backend", "sage_backend"),
+    "options": ("config", "options"),
+    "Config": ("config", "Config"),
+    "Options": ("config", "Options"),
+    "enable": ("eager", "enable"),
+    "install_global": ("hooks", "install_global"),
+    "uninstall_global": ("hooks", "uninstall_global"),
+    "last_reports": ("debug", "last_reports"),
+    "format_report": ("debug", "format_report"),
+}
+
+
+def attention(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8"):
+    """Quantized attention; see ``torch.ops.sage_compile.attention`` (:func:`sage_compile.ops.attention`)."""
+    from . import ops
+
+    return ops.attention(q, k, v, attn_mask, causal, scale, layout, scheme)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        mod, attr = _LAZY[name]
+        return getattr(importlib.import_module(f".{mod}", __name__), attr)
+    if name in ("ops", "reference", "passes", "policy", "config", "debug", "models", "eager", "hooks"):
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'sage_compile' has no attribute {name!r}")
+
+
+__all__ = ["attention", "__version__"] + list(_LAZY)

@@ -1,0 +1,106 @@
+"""Configuration, read in one place. Precedence: explicit argument > context manager > environment > default.
+
+Environment (conventions.md): ``SAGE_COMPILE=1`` (global enable, handled by :mod:`sage_compile._autoload`),
+``SAGE_COMPILE_KERNEL=<scheme|auto>``, ``SAGE_COMPILE_DUMP=<dir>``, ``SAGE_COMPILE_STRICT=1``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+SCHEMES = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
+KERNEL_CHOICES = ("auto",) + SCHEMES
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Numeric options beyond the scheme name (ablations and variants).
+
+    fp4_p_scale: ``unrounded`` (SageAttention3: divide P by the fp32 scale) or ``rounded`` (divide by the
+        E4M3 scale actually used). fp4_delta_s: ``fp32`` or ``input`` (upstream rounds ΔS to bf16/fp16).
+        fp4_smooth: ``qk`` | ``k`` | ``none``.
+    """
+
+    fp4_p_scale: str = "unrounded"
+    fp4_delta_s: str = "fp32"
+    fp4_smooth: str = "qk"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Resolved configuration of one compilation.
+
+    kernel: a scheme name or ``auto`` (per site: the fastest scheme meeting the accuracy goals on CUDA,
+        ``exact`` on CPU). dump_dir: where graph dumps and match reports go. strict: unsupported sites
+        raise instead of falling back. site_override: optional ``callable(site) -> scheme | None``.
+    """
+
+    kernel: str = "auto"
+    dump_dir: Optional[str] = None
+    strict: bool = False
+    options: Options = Options()
+    site_override: Optional[Callable[[Any], Optional[str]]] = None
+
+    def __post_init__(self):
+        if self.kernel not in KERNEL_CHOICES:
+            raise ValueError(f"sage_compile: kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
+
+    def fingerprint(self) -> tuple:
+        """What a compiled graph depends on (the dump dir does not change the graph)."""
+        return (self.kernel, self.strict, self.options, id(self.site_override) if self.site_override else None)
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Config)} | {f.name for f in dataclasses.fields(Options)}
+_local = threading.local()
+
+
+def _stack() -> list:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def from_env(environ=None) -> dict:
+    env = os.environ if environ is None else environ
+    out: dict = {}
+    if env.get("SAGE_COMPILE_KERNEL"):
+        out["kernel"] = env["SAGE_COMPILE_KERNEL"].strip().lower()
+    if env.get("SAGE_COMPILE_DUMP"):
+        out["dump_dir"] = env["SAGE_COMPILE_DUMP"]
+    if env.get("SAGE_COMPILE_STRICT"):
+        out["strict"] = env["SAGE_COMPILE_STRICT"].strip().lower() in ("1", "true", "yes", "on")
+    return out
+
+
+def _check(kw: dict) -> None:
+    bad = set(kw) - _FIELDS
+    if bad:
+        raise TypeError(f"sage_compile: unknown option(s) {sorted(bad)}; known: {sorted(_FIELDS)}")
+
+
+def resolve(**explicit) -> Config:
+    """The configuration in force: explicit > innermost context manager > environment > default."""
+    _check(explicit)
+    merged: dict = dict(from_env())
+    for layer in _stack():
+        merged.update(layer)
+    merged.update({k: v for k, v in explicit.items() if v is not None})
+    opt_names = {f.name for f in dataclasses.fields(Options)}
+    opts = {k: merged.pop(k) for k in list(merged) if k in opt_names}
+    base = merged.pop("options", None) or Options()
+    return Config(options=dataclasses.replace(base, **opts), **merged)
+
+
+@contextlib.contextmanager
+def options(**kw) -> Iterator[Config]:
+    """Context manager overriding configuration for compilations (and eager :func:`sage_compile.enable`
+    calls) that start inside it, e.g. ``with sage_compile.options(kernel="fp4"): ...``."""
+    _check(kw)
+    _stack().append(kw)
+    try:
+        yield resolve()
+    finally:
+        _stack().pop()

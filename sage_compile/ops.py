@@ -1,0 +1,285 @@
+"""Custom ops (``torch.ops.sage_compile.*``): one prologue and one core op per scheme, plus the composed
+``attention`` op (the eager/API entry point), all with ``register_fake`` for dynamic shapes.
+
+Dispatch goes through one registry, scheme x device type -> implementation module (``quantize`` and
+``attention`` functions with the reference's signatures). The reference (:mod:`sage_compile.reference`)
+serves every device; a kernel registers itself with :func:`register_impl` (one line per kernel).
+
+Tensor layouts: q ``(B, Hq, Nq, D)`` and k/v ``(B, Hkv, Nk, D)`` for ``layout="HND"``, or
+``(B, N, H, D)`` for ``"NHD"``; quantized tensors are always HND; the output follows ``layout``.
+"""
+from __future__ import annotations
+
+import types
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .reference import exact as _exact
+from .reference import fp4 as _ref_fp4
+from .reference import int8_fp8 as _ref_int8_fp8
+from .reference import int8_fp16 as _ref_int8_fp16
+from .reference.layout import LAYOUTS, out_shape
+
+CAUSAL = ("none", "top_left", "bottom_right")
+QUANT_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")
+
+_REFERENCE = {"int8_fp8": _ref_int8_fp8, "int8_fp16": _ref_int8_fp16, "fp4": _ref_fp4}
+_IMPLS: dict[tuple[str, str], types.ModuleType] = {}
+
+
+def register_impl(scheme: str, device_type: str, module) -> None:
+    """Register a kernel module (``quantize``/``attention`` as in the reference) for scheme x device."""
+    _IMPLS[(scheme, device_type)] = module
+
+
+def impl_for(scheme: str, device_type: str):
+    """The implementation used for ``scheme`` on ``device_type``: a registered kernel, else the reference."""
+    _load_kernels(device_type)
+    return _IMPLS.get((scheme, device_type), _REFERENCE[scheme])
+
+
+def has_fast_impl(scheme: str, device_type: str) -> bool:
+    _load_kernels(device_type)
+    return (scheme, device_type) in _IMPLS
+
+
+_loaded: set = set()
+
+
+def _load_kernels(device_type: str) -> None:
+    """Import the kernel package for a device type once (it registers what it can build there)."""
+    if device_type in _loaded:
+        return
+    _loaded.add(device_type)
+    if device_type == "cuda":
+        try:
+            from . import kernels  # noqa: F401  (registers CUDA implementations when triton is present)
+        except ImportError:
+            pass
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, layout: str) -> None:
+    """Raise a ValueError naming the problem for anything the ops cannot compute correctly."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"sage_compile: layout must be one of {LAYOUTS}, got {layout!r}")
+    if causal not in CAUSAL:
+        raise ValueError(f"sage_compile: causal must be one of {CAUSAL}, got {causal!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"sage_compile: {name} must be 4-D ({layout}), got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ValueError(f"sage_compile: {name} dtype {t.dtype} unsupported (float16/bfloat16/float32)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"sage_compile: q/k/v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    hd = 1 if layout == "HND" else 2
+    nd = 2 if layout == "HND" else 1
+    b, hq, hkv = q.shape[0], q.shape[hd], k.shape[hd]
+    if k.shape != v.shape:
+        raise ValueError(f"sage_compile: k {tuple(k.shape)} and v {tuple(v.shape)} shapes differ")
+    if k.shape[0] != b or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"sage_compile: q {tuple(q.shape)} and k {tuple(k.shape)} are incompatible")
+    if hq % hkv:
+        raise ValueError(f"sage_compile: {hq} query heads is not a multiple of {hkv} key/value heads")
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise ValueError(f"sage_compile: attn_mask must be bool or floating point, got {attn_mask.dtype}")
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (b, hq, q.shape[nd], k.shape[nd]))
+        except RuntimeError:
+            raise ValueError(f"sage_compile: attn_mask {tuple(attn_mask.shape)} does not broadcast to "
+                             f"(B, H, Lq, Lk) = {(b, hq, q.shape[nd], k.shape[nd])}") from None
+
+
+def _hnd(t: Tensor, layout: str) -> tuple[int, int, int, int]:
+    return tuple(t.shape) if layout == "HND" else (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
+
+
+def _contig(ts):
+    return tuple(t.contiguous() for t in ts)
+
+
+# ------------------------------------------------------------------------------------------ int8_fp8
+@torch.library.custom_op("sage_compile::quantize_int8_fp8", mutates_args=())
+def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """SageAttention2 prologue: K smoothing, per-token INT8 Q/K, per-channel FP8 V (transposed)."""
+    return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout))
+
+
+@quantize_int8_fp8.register_fake
+def _(q, k, v, layout):
+    b, hq, nq, d = _hnd(q, layout)
+    _, hkv, nk, _ = _hnd(k, layout)
+    e = q.new_empty
+    return (e((b, hq, nq, d), dtype=torch.int8), e((b, hq, nq), dtype=torch.float32),
+            e((b, hkv, nk, d), dtype=torch.int8), e((b, hkv, nk), dtype=torch.float32),
+            e((b, hkv, d, nk), dtype=torch.float8_e4m3fn), e((b, hkv, d), dtype=torch.float32))
+
+
+@torch.library.custom_op("sage_compile::attention_int8_fp8", mutates_args=())
+def attention_int8_fp8(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8: Tensor, vs: Tensor,
+                       attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,
+                       out_dtype: torch.dtype) -> Tensor:
+    """SageAttention2 core: INT8 QKᵀ, FP8 PV with two-level accumulation."""
+    return impl_for("int8_fp8", q8.device.type).attention(q8, qs, k8, ks, v8, vs, attn_mask, causal, scale, layout, out_dtype)
+
+
+@attention_int8_fp8.register_fake
+def _(q8, qs, k8, ks, v8, vs, attn_mask, causal, scale, layout, out_dtype):
+    b, h, n, d = q8.shape
+    return q8.new_empty(out_shape(b, h, n, d, layout), dtype=out_dtype)
+
+
+# ------------------------------------------------------------------------------------------ int8_fp16
+@torch.library.custom_op("sage_compile::quantize_int8_fp16", mutates_args=())
+def quantize_int8_fp16(q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """SageAttention1 prologue: K smoothing, per-block INT8 Q (128 tokens) / K (64 tokens), fp16 V."""
+    return _contig(impl_for("int8_fp16", q.device.type).quantize(q, k, v, layout))
+
+
+@quantize_int8_fp16.register_fake
+def _(q, k, v, layout):
+    b, hq, nq, d = _hnd(q, layout)
+    _, hkv, nk, _ = _hnd(k, layout)
+    e = q.new_empty
+    return (e((b, hq, nq, d), dtype=torch.int8), e((b, hq, -(-nq // 128)), dtype=torch.float32),
+            e((b, hkv, nk, d), dtype=torch.int8), e((b, hkv, -(-nk // 64)), dtype=torch.float32),
+            e((b, hkv, nk, d), dtype=torch.float16))
+
+
+@torch.library.custom_op("sage_compile::attention_int8_fp16", mutates_args=())
+def attention_int8_fp16(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v16: Tensor, attn_mask: Optional[Tensor],
+                        causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype) -> Tensor:
+    """SageAttention1 core: INT8 QKᵀ, fp16 PV."""
+    return impl_for("int8_fp16", q8.device.type).attention(q8, qs, k8, ks, v16, attn_mask, causal, scale, layout, out_dtype)
+
+
+@attention_int8_fp16.register_fake
+def _(q8, qs, k8, ks, v16, attn_mask, causal, scale, layout, out_dtype):
+    b, h, n, d = q8.shape
+    return q8.new_empty(out_shape(b, h, n, d, layout), dtype=out_dtype)
+
+
+# ------------------------------------------------------------------------------------------ fp4
+@torch.library.custom_op("sage_compile::quantize_fp4", mutates_args=())
+def quantize_fp4(q: Tensor, k: Tensor, v: Tensor, layout: str, delta_s: str = "fp32",
+                 smooth: str = "qk") -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """SageAttention3 prologue: K and Q-block-mean smoothing (ΔS), NVFP4 Q/K (along D) and V (along N)."""
+    return _contig(impl_for("fp4", q.device.type).quantize(q, k, v, layout, delta_s, smooth))
+
+
+@quantize_fp4.register_fake
+def _(q, k, v, layout, delta_s="fp32", smooth="qk"):
+    b, hq, nq, d = _hnd(q, layout)
+    _, hkv, nk, _ = _hnd(k, layout)
+    dp = d + (-d) % 16
+    nk16 = nk + (-nk) % 16
+    e = q.new_empty
+    f8 = torch.float8_e4m3fn
+    return (e((b, hq, nq, dp // 2), dtype=torch.uint8), e((b, hq, nq, dp // 16), dtype=f8),
+            e((b, hkv, nk, dp // 2), dtype=torch.uint8), e((b, hkv, nk, dp // 16), dtype=f8),
+            e((b, hkv, dp, nk16 // 2), dtype=torch.uint8), e((b, hkv, dp, nk16 // 16), dtype=f8),
+            e((b, hq, -(-nq // 128), nk), dtype=torch.float32))
+
+
+@torch.library.custom_op("sage_compile::attention_fp4", mutates_args=())
+def attention_fp4(qp: Tensor, qsc: Tensor, kp: Tensor, ksc: Tensor, vp: Tensor, vsc: Tensor, ds: Tensor,
+                  attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,
+                  out_dtype: torch.dtype, head_dim: int, p_scale: str = "unrounded") -> Tensor:
+    """SageAttention3 core: NVFP4 QKᵀ + ΔS, two-level NVFP4 P, NVFP4 V."""
+    return impl_for("fp4", qp.device.type).attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale,
+                                                     layout, out_dtype, head_dim, p_scale)
+
+
+@attention_fp4.register_fake
+def _(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale, layout, out_dtype, head_dim, p_scale="unrounded"):
+    b, h, n, _ = qp.shape
+    return qp.new_empty(out_shape(b, h, n, head_dim, layout), dtype=out_dtype)
+
+
+# ------------------------------------------------------------------------------------------ composed
+def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
+               layout: str, scheme: str, options=None) -> Tensor:
+    """Prologue op + core op of ``scheme`` (what the graph rewrite emits, as plain calls)."""
+    ops = torch.ops.sage_compile
+    if scheme == "exact":
+        return _exact.attention(q, k, v, attn_mask, causal, scale, layout)
+    if scheme == "int8_fp8":
+        return ops.attention_int8_fp8(*ops.quantize_int8_fp8(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
+    if scheme == "int8_fp16":
+        return ops.attention_int8_fp16(*ops.quantize_int8_fp16(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
+    if scheme == "fp4":
+        from .config import Options
+
+        o = options or Options()
+        qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth)
+        return ops.attention_fp4(*qt, attn_mask, causal, scale, layout, q.dtype, q.shape[-1], o.fp4_p_scale)
+    raise ValueError(f"sage_compile: unknown or unimplemented scheme {scheme!r}")
+
+
+@torch.library.custom_op("sage_compile::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, causal: str = "none",
+              scale: Optional[float] = None, layout: str = "HND", scheme: str = "int8_fp8") -> Tensor:
+    """Quantized attention, eager/API entry point (prologue and core composed).
+
+    Args:
+        q: ``(B, Hq, Nq, D)`` (HND) or ``(B, Nq, Hq, D)`` (NHD); k, v: same with Hkv heads, Nk tokens.
+            Hq must be a multiple of Hkv (GQA/MQA).
+        attn_mask: bool (True = attend) or additive float, broadcastable to ``(B, Hq, Nq, Nk)``.
+        causal: ``none``, ``top_left`` (SDPA's is_causal) or ``bottom_right`` (FlashAttention's).
+        scale: softmax scale, default ``D ** -0.5``.
+        scheme: ``exact`` | ``int8_fp16`` | ``int8_fp8`` | ``fp4``.
+    Returns:
+        Output in ``layout`` and q's dtype. Gradients (if needed) are those of exact attention
+        (straight-through); use the ``int8_train`` scheme for quantized training once it lands.
+    """
+    check_inputs(q, k, v, attn_mask, causal, layout)
+    return run_scheme(q, k, v, attn_mask, causal, scale, layout, scheme).contiguous()
+
+
+@attention.register_fake
+def _(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8"):
+    return q.new_empty(q.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, attn_mask, causal, scale, layout, scheme = inputs
+    ctx.save_for_backward(q, k, v, attn_mask)
+    ctx.causal, ctx.scale, ctx.layout = causal, scale, layout
+
+
+def _backward(ctx, grad_out):
+    q, k, v, attn_mask = ctx.saved_tensors
+    dq, dk, dv = exact_backward(q, k, v, attn_mask, ctx.causal, ctx.scale, ctx.layout, grad_out)
+    return dq, dk, dv, None, None, None, None, None
+
+
+def exact_backward(q, k, v, attn_mask, causal, scale, layout, grad_out):
+    """Gradients of exact attention (fp32 math; O(N²) memory), summed over GQA groups."""
+    from .reference import engine
+    from .reference.layout import to_hnd
+
+    qh, kh, vh, go = (to_hnd(t, layout).float() for t in (q, k, v, grad_out))
+    hq, hkv = qh.shape[1], kh.shape[1]
+    kx, vx = engine.gqa_expand(kh, hq), engine.gqa_expand(vh, hq)
+    sm = engine.default_scale(scale, qh.shape[-1])
+    s = (qh @ kx.transpose(-1, -2)) * sm
+    m = _exact.combined_mask(attn_mask, causal, qh.shape[2], kh.shape[2], q.device)
+    if m is not None:
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    dvx = p.transpose(-1, -2) @ go
+    dp = go @ vx.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = (ds @ kx) * sm
+    dkx = (ds.transpose(-1, -2) @ qh) * sm
+    g = hq // hkv
+    dk = dkx.unflatten(1, (hkv, g)).sum(2)
+    dv = dvx.unflatten(1, (hkv, g)).sum(2)
+    back = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
+    return back(dq).to(q.dtype), back(dk).to(k.dtype), back(dv).to(v.dtype)
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,81 @@
+"""The policy: the only place that knows what each scheme supports, and says why not.
+
+``decide(site, config, device_type)`` -> :class:`Decision` (a scheme, or ``None`` = keep the original
+SDPA / hand-written code, with the reason). Passes know nothing of kernels; kernels know nothing of FX.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+# Schemes with an implementation (reference on any device); int8_train lands with the SageBwd issue.
+IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4")
+
+
+@dataclasses.dataclass
+class Decision:
+    scheme: Optional[str]  # None: keep the site as it is
+    reason: str
+    notes: tuple = ()
+    fallback: bool = False  # kept because unsupported (strict mode raises on these)
+
+    @property
+    def replaced(self) -> bool:
+        return self.scheme is not None
+
+
+class UnsupportedSite(RuntimeError):
+    """Raised in strict mode (``SAGE_COMPILE_STRICT=1``) for a site that falls back."""
+
+
+def auto_scheme(device_type: str, needs_grad: bool) -> str:
+    """``auto``: on CUDA the fastest scheme meeting the accuracy goals; on CPU ``exact`` (no CPU
+    emulation beats SDPA). Until a CUDA kernel is registered, the CUDA choice is ``exact`` as well."""
+    if needs_grad or device_type != "cuda":
+        return "exact"
+    from . import ops
+
+    return "int8_fp8" if ops.has_fast_impl("int8_fp8", device_type) else "exact"
+
+
+def decide(site, config, device_type: str) -> Decision:
+    """Choose a scheme for ``site`` (a :class:`sage_compile.passes.site.Site`)."""
+    if site.reject_reason:
+        return Decision(None, site.reject_reason, fallback=True)
+    if site.dropout_p:
+        return Decision(None, f"dropout_p={site.dropout_p:g} in training: kept", fallback=True)
+    if site.dtype not in SUPPORTED_DTYPES:
+        return Decision(None, f"dtype {site.dtype} unsupported (fp16/bf16/fp32 only): kept", fallback=True)
+    if site.head_dim > MAX_HEAD_DIM or site.head_dim_v != site.head_dim:
+        return Decision(None, f"head_dim {site.head_dim}/{site.head_dim_v} unsupported (equal and <= {MAX_HEAD_DIM}): kept", fallback=True)
+    if site.dtypes != (site.dtype,) * 3:
+        return Decision(None, f"q/k/v dtypes differ {site.dtypes}: kept", fallback=True)
+    if site.hq % site.hkv:
+        return Decision(None, f"{site.hq} query heads not a multiple of {site.hkv} kv heads: kept", fallback=True)
+    if site.mask_kind not in ("none", "bool", "additive"):
+        return Decision(None, f"mask {site.mask_kind} unsupported: kept", fallback=True)
+    if site.causal != "none" and site.mask_kind != "none":
+        return Decision(None, "causal together with an explicit mask (SDPA rejects it): kept", fallback=True)
+    scheme = config.kernel
+    if config.site_override is not None:
+        scheme = config.site_override(site) or scheme
+    if scheme == "auto":
+        scheme = auto_scheme(device_type, site.requires_grad)
+        why = f"auto on {device_type}" + (" (gradients needed)" if site.requires_grad else "")
+    else:
+        why = f"requested {scheme}"
+    if site.requires_grad and scheme != "exact":
+        return Decision(None, f"gradients needed and int8_train (SageBwd) is not available yet: kept exact "
+                              f"(requested {scheme})", fallback=True)
+    if scheme not in IMPLEMENTED:
+        return Decision(None, f"scheme {scheme} not implemented yet: kept", fallback=True)
+    if scheme == "exact":
+        return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
+    notes = []
+    if scheme == "fp4" and site.head_dim % 16:
+        notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
+    return Decision(scheme, why, tuple(notes))

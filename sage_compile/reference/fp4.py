@@ -1,0 +1,86 @@
+"""SageAttention3 numerics (``fp4``, NVFP4 microscaling), reference. See shared/docs/numerics.md §3.
+
+Prologue: K mean smoothing; Q per-128-row block-mean smoothing with ΔS = q̄·Kᵀ kept in fp32 (upstream
+rounds it to the input dtype: option ``delta_s="input"``); NVFP4 (E2M1 values, 1x16 blocks, E4M3 scales)
+for Q and K along the head dim and for V along tokens (V stored transposed, tokens padded to 16).
+Core: S = ΔS + deq(Q)·deq(K)ᵀ in fp32 (every dequantized product is exact); online softmax over 128-key
+tiles with the running row max mapped to 448·6 = 2688 (level 1); then per 16-key group
+s_P = max P̃ / 6 rounded to E4M3 and P̂ = E2M1(P̃ / s) (level 2). Upstream divides by the *unrounded*
+s_P (``p_scale="unrounded"``, the default here until the ablation says otherwise); ``"rounded"``
+divides by the E4M3 value actually used. PV with NVFP4 P and V, fp32 across tiles.
+
+Head dims that are not a multiple of 16 are zero-padded (exact: zero channels add nothing).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import engine
+from .layout import from_hnd, to_hnd
+from .quant import E2M1_MAX, dequant_nvfp4, quant_nvfp4, round_e2m1, smooth_k, smooth_q_blocks, to_e4m3
+
+BLOCK_M, BLOCK_N, GROUP = 128, 128, 16
+P_OFFSET = math.log2(448.0 * 6.0)
+
+
+def _pad_last(x: torch.Tensor, mult: int) -> torch.Tensor:
+    pad = (-x.shape[-1]) % mult
+    return F.pad(x, (0, pad)) if pad else x
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
+             smooth: str = "qk"):
+    """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,D,Nk16/2) u8,
+    vsc (B,Hkv,D,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/128),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
+    rounded up to 16. ``smooth`` in ``qk | k | none`` (ablations); ``delta_s`` in ``fp32 | input``."""
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    b, hq, lq, d = q.shape
+    ksm = smooth_k(k)[0] if smooth in ("qk", "k") else k.float()
+    if smooth == "qk":
+        qsm, qbar = smooth_q_blocks(q, BLOCK_M)
+        kx = engine.gqa_expand(ksm, hq)
+        if delta_s == "input":
+            ds = (qbar.to(q.dtype) @ kx.to(q.dtype).transpose(-1, -2)).float()
+        else:
+            ds = qbar @ kx.transpose(-1, -2)
+    else:
+        qsm = q.float()
+        ds = torch.zeros((b, hq, -(-lq // BLOCK_M), k.shape[2]), device=q.device)
+    qp, qsc = quant_nvfp4(_pad_last(qsm, GROUP))
+    kp, ksc = quant_nvfp4(_pad_last(ksm, GROUP))
+    vp, vsc = quant_nvfp4(_pad_last(v.float().transpose(-1, -2), GROUP))
+    return qp, qsc, kp, ksc, vp, vsc, ds
+
+
+def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
+              scale: Optional[float], layout: str, out_dtype: torch.dtype, head_dim: int,
+              p_scale: str = "unrounded") -> torch.Tensor:
+    """Core; ``head_dim`` is the unpadded D (for the default scale and the output width)."""
+    b, hq, lq, _ = qp.shape
+    lk = kp.shape[2]
+    c = engine.default_scale(scale, head_dim) * engine.LOG2E
+    qf = dequant_nvfp4(qp, qsc)
+    kf = engine.gqa_expand(dequant_nvfp4(kp, ksc), hq)
+    vf = engine.gqa_expand(dequant_nvfp4(vp, vsc), hq)[..., :head_dim, :lk]  # (B,Hq,D,Nk)
+    dsx = ds.repeat_interleave(BLOCK_M, dim=2)[:, :, :lq]
+
+    def logits(i0, i1, j0, j1):
+        s = dsx[:, :, i0:i1, j0:j1] + qf[:, :, i0:i1] @ kf[:, :, j0:j1].transpose(-1, -2)
+        return s * c
+
+    def pv(p, j0, j1):
+        n = p.shape[-1]
+        pg = F.pad(p, (0, (-n) % GROUP)).unflatten(-1, (-1, GROUP))
+        sp = pg.amax(dim=-1, keepdim=True) / E2M1_MAX
+        sp8 = to_e4m3(sp).float()
+        div = sp if p_scale == "unrounded" else sp8
+        y = torch.where(div > 0, pg / torch.where(div > 0, div, torch.ones_like(div)), torch.zeros_like(pg))
+        pq = (round_e2m1(y) * sp8).flatten(-2)[..., :n]
+        return pq @ vf[:, :, :, j0:j1].transpose(-1, -2), p.sum(-1, keepdim=True)
+
+    o = engine.run((b, hq, lq, head_dim), lk, logits, pv, attn_mask, causal, BLOCK_N, P_OFFSET, qp.device)
+    return from_hnd(o.to(out_dtype), layout)

@@ -1,0 +1,59 @@
+"""SageAttention2 numerics (``int8_fp8``), reference. See shared/docs/numerics.md §2 and §7.3.
+
+Prologue: K smoothing (token mean, fp32, never in place); per-token INT8 Q and K (a strict refinement of
+the sm90 per-thread groups); V per-channel FP8 E4M3 (amax/448), stored transposed ``(B, H, D, N)``.
+Core: S = (q̂·k̂ᵀ) exact, dequantized by the outer product of token scales; online softmax in the exp2
+domain over 128-key tiles with the running row max mapped to 448; P̃ rounded to E4M3; P̂·V̂ per tile
+added into an fp32 accumulator (two-level accumulation); row sums from unrounded fp32 P̃; O·δ_V at the end.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import engine
+from .layout import from_hnd, to_hnd
+from .quant import quant_fp8_v, quant_int8, smooth_k, to_e4m3
+
+BLOCK_N = 128
+P_OFFSET = math.log2(448.0)
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
+    """Prologue. q ``(B, Hq, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` in ``layout``; inputs are never modified.
+
+    Returns ``(q8 (B,Hq,Nq,D) int8, qs (B,Hq,Nq) f32, k8 (B,Hkv,Nk,D) int8, ks (B,Hkv,Nk) f32,
+    v8 (B,Hkv,D,Nk) float8_e4m3fn, vs (B,Hkv,D) f32)``.
+    """
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    ksm, _ = smooth_k(k)
+    q8, qs = quant_int8(q, 1)
+    k8, ks = quant_int8(ksm, 1)
+    v8, vs = quant_fp8_v(v)
+    return q8, qs, k8, ks, v8, vs
+
+
+def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
+              layout: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """Core. Quantized inputs as returned by :func:`quantize`; output ``(B, Hq, Nq, D)`` (HND) or
+    ``(B, Nq, Hq, D)`` (NHD) in ``out_dtype``."""
+    b, hq, lq, d = q8.shape
+    lk, dv = k8.shape[2], v8.shape[2]
+    c = engine.default_scale(scale, d) * engine.LOG2E
+    qf = q8.float()
+    kf = engine.gqa_expand(k8, hq).float()
+    ksx = engine.gqa_expand(ks, hq)
+    vf = engine.gqa_expand(v8, hq).float()  # (B, Hq, D, Nk)
+
+    def logits(i0, i1, j0, j1):
+        s = qf[:, :, i0:i1] @ kf[:, :, j0:j1].transpose(-1, -2)
+        return s * (qs[:, :, i0:i1, None] * ksx[:, :, None, j0:j1]) * c
+
+    def pv(p, j0, j1):
+        return to_e4m3(p).float() @ vf[:, :, :, j0:j1].transpose(-1, -2), p.sum(-1, keepdim=True)
+
+    o = engine.run((b, hq, lq, dv), lk, logits, pv, attn_mask, causal, BLOCK_N, P_OFFSET, q8.device)
+    o = o * engine.gqa_expand(vs, hq)[:, :, None, :]
+    return from_hnd(o.to(out_dtype), layout)

@@ -1,0 +1,227 @@
+"""Reference quantizers (pure PyTorch, any device): the bit-level definition of every low-bit format.
+
+Every kernel's quantizer must produce exactly these bits given the same (smoothed) input
+(``shared/docs/conventions.md``, tolerance rule 1). Conventions:
+
+* All arithmetic in fp32. Scales are fp32 tensors (INT8, FP8) or ``float8_e4m3fn`` tensors (NVFP4).
+* Rounding is IEEE round-to-nearest-even with saturation (the CUDA ``cvt.rn[i].sat`` behaviour).
+  PyTorch's fp8 cast is RNE but does not saturate (470 -> NaN), so values are clamped first.
+* An all-zero group gets scale 0 and zero values (dequantizes to exactly 0, never NaN).
+* NaN/Inf inputs propagate: the group's scale becomes NaN/Inf, so a poisoned input can never
+  turn into a plausible finite result downstream.
+
+Tensor layouts: token-major tensors are ``(..., N, D)``; the group a scale covers is stated per function.
+"""
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+INT8_MAX = 127.0
+# Positive E2M1 magnitudes, indexed by their 3-bit code (sign is bit 3 of the nibble).
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _safe_div(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale with 0 where scale == 0 (all-zero groups); NaN/Inf scales still propagate."""
+    return torch.where(scale == 0, torch.zeros_like(x), x / torch.where(scale == 0, torch.ones_like(scale), scale))
+
+
+# ----------------------------------------------------------------------------------------- smoothing
+def smooth_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K smoothing (SageAttention): subtract the token mean per (batch, head).
+
+    Args:
+        k: ``(B, H, N, D)``. Never modified.
+    Returns:
+        ``(k - mean, mean)`` in fp32; ``mean`` is ``(B, H, 1, D)``.
+    """
+    kf = k.float()
+    mean = kf.mean(dim=-2, keepdim=True)
+    return kf - mean, mean
+
+
+def smooth_q_blocks(q: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q per-block mean smoothing (SageAttention3): subtract the mean of each ``block`` consecutive rows.
+
+    Args:
+        q: ``(B, H, N, D)``.
+    Returns:
+        ``(q - qbar[row // block], qbar)`` in fp32; ``qbar`` is ``(B, H, ceil(N/block), D)`` and is the
+        mean over the real rows of each block (a ragged last block averages only its own rows).
+    """
+    qf = q.float()
+    n = qf.shape[-2]
+    nblk = -(-n // block)
+    pad = nblk * block - n
+    qp = torch.nn.functional.pad(qf, (0, 0, 0, pad))
+    sums = qp.unflatten(-2, (nblk, block)).sum(dim=-2)
+    counts = torch.full((nblk,), float(block), device=q.device)
+    counts[-1] = block - pad
+    qbar = sums / counts[:, None]
+    return qf - qbar.repeat_interleave(block, dim=-2)[..., :n, :], qbar
+
+
+# ----------------------------------------------------------------------------------------- INT8
+def quant_int8(x: torch.Tensor, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 quantization with one scale per ``block`` consecutive tokens (all D channels).
+
+    ``block=1`` is per-token, 16 per-warp (SageAttention2 per_warp Q), 64/128 per-block (SageAttention1).
+    scale = amax / 127; value = RNE(x / scale) clamped to [-127, 127].
+
+    Args:
+        x: ``(..., N, D)``.
+    Returns:
+        ``(int8 values (..., N, D), fp32 scales (..., ceil(N/block)))``.
+    """
+    xf = x.float()
+    n = xf.shape[-2]
+    nblk = -(-n // block)
+    pad = nblk * block - n
+    xp = torch.nn.functional.pad(xf, (0, 0, 0, pad))
+    amax = xp.unflatten(-2, (nblk, block)).abs().amax(dim=(-1, -2))
+    # max() drops NaN on some paths; make NaN propagate explicitly.
+    has_nan = torch.isnan(xp.unflatten(-2, (nblk, block))).any(dim=-1).any(dim=-1)
+    amax = torch.where(has_nan, torch.full_like(amax, float("nan")), amax)
+    scale = amax / INT8_MAX
+    s_tok = scale.repeat_interleave(block, dim=-1)[..., :n, None]
+    vals = torch.round(_safe_div(xf, s_tok)).clamp(-INT8_MAX, INT8_MAX)
+    vals = torch.nan_to_num(vals, nan=0.0)  # NaN groups carry the NaN in their scale
+    return vals.to(torch.int8), scale
+
+
+def dequant_int8(vals: torch.Tensor, scale: torch.Tensor, block: int = 1) -> torch.Tensor:
+    """Inverse of :func:`quant_int8` (fp32)."""
+    n = vals.shape[-2]
+    return vals.float() * scale.repeat_interleave(block, dim=-1)[..., :n, None]
+
+
+# ----------------------------------------------------------------------------------------- FP8 E4M3
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """RNE, saturating cast to ``float8_e4m3fn`` (clamp to ±448 first; NaN stays NaN)."""
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def quant_fp8_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel FP8 E4M3 quantization of V (SageAttention2): one scale per (batch, head, channel).
+
+    scale[d] = amax over all tokens of |V[:, d]| / 448; value = e4m3_sat(V / scale).
+
+    Args:
+        v: ``(B, H, N, D)``.
+    Returns:
+        ``(values float8_e4m3fn (B, H, D, N)`` — transposed, tokens contiguous, the K-major operand the
+        FP8 PV matmul wants — ``, fp32 scales (B, H, D))``.
+    """
+    vf = v.float()
+    amax = vf.abs().amax(dim=-2)
+    amax = torch.where(torch.isnan(vf).any(dim=-2), torch.full_like(amax, float("nan")), amax)
+    scale = amax / E4M3_MAX
+    vals = to_e4m3(_safe_div(vf, scale[..., None, :]))
+    return vals.transpose(-1, -2).contiguous(), scale
+
+
+def dequant_fp8_v(vals: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quant_fp8_v`: returns fp32 ``(B, H, N, D)``."""
+    return (vals.float() * scale[..., :, None]).transpose(-1, -2)
+
+
+# ----------------------------------------------------------------------------------------- FP4 E2M1
+def round_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """Round fp32 values to the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}, RNE on ties, saturating at ±6.
+
+    Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. Returns fp32 (exact grid values).
+    """
+    a = y.abs().clamp(max=E2M1_MAX)
+    r = torch.where(a < 2, torch.round(a * 2) / 2, torch.where(a < 4, torch.round(a), torch.round(a / 2) * 2))
+    return torch.copysign(r, y)
+
+
+def e2m1_codes(r: torch.Tensor) -> torch.Tensor:
+    """Map exact E2M1 values (output of :func:`round_e2m1`) to 4-bit codes (uint8): sign in bit 3."""
+    a = r.abs()
+    mag = torch.where(a < 2, a * 2, torch.where(a < 4, a + 2, a / 2 + 4)).to(torch.uint8)
+    return mag | (torch.signbit(r).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (uint8) -> fp32 values."""
+    grid = torch.tensor(E2M1_GRID, device=codes.device)
+    mag = grid[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack 4-bit codes two per byte along the last dim, first element in the low nibble."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_fp4`."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
+
+
+def quant_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 microscaling along the last dim: E2M1 values in 1x16 blocks with E4M3 block scales.
+
+    scale = e4m3_sat_RNE(amax / 6) (no global scale, as SageAttention3); y = x * (1 / scale) in fp32
+    (0 where scale rounds to 0); value = E2M1 RNE saturating.
+
+    Args:
+        x: ``(..., L)`` with ``L % 16 == 0``.
+    Returns:
+        ``(packed uint8 (..., L/2), scales float8_e4m3fn (..., L/16))``.
+    """
+    if x.shape[-1] % 16:
+        raise ValueError(f"quant_nvfp4: last dim {x.shape[-1]} is not a multiple of 16")
+    xb = x.float().unflatten(-1, (-1, 16))
+    amax = xb.abs().amax(dim=-1)
+    amax = torch.where(torch.isnan(xb).any(dim=-1), torch.full_like(amax, float("nan")), amax)
+    scale = to_e4m3(amax / E2M1_MAX)
+    sf = scale.float()
+    inv = torch.where(sf == 0, torch.zeros_like(sf), 1.0 / torch.where(sf == 0, torch.ones_like(sf), sf))
+    y = xb * inv[..., None]
+    codes = e2m1_codes(round_e2m1(torch.nan_to_num(y, nan=0.0)))
+    return pack_fp4(codes.flatten(-2)), scale
+
+
+def dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Exact dequantization of :func:`quant_nvfp4` output to fp32 (every value is exact in bf16 too)."""
+    vals = e2m1_decode(unpack_fp4(packed)).unflatten(-1, (-1, 16))
+    return (vals * scale.float()[..., None]).flatten(-2)
+
+
+def quant_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 (OCP MX): E2M1 values in 1x32 blocks with a power-of-two (E8M0) scale, for ablations.
+
+    scale = 2^(floor(log2(amax)) - 2) (2 = E2M1's max exponent); value = E2M1 RNE saturating.
+
+    Returns:
+        ``(packed uint8 (..., L/2), scale exponents int16 (..., L/32))`` (scale = 2**exponent; an
+        all-zero block stores exponent -127 and dequantizes to 0).
+    """
+    if x.shape[-1] % 32:
+        raise ValueError(f"quant_mxfp4: last dim {x.shape[-1]} is not a multiple of 32")
+    xb = x.float().unflatten(-1, (-1, 32))
+    amax = xb.abs().amax(dim=-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp(min=2.0**-126))) - 2, torch.full_like(amax, -127.0))
+    e = e.clamp(-127, 127)
+    y = xb / torch.exp2(e)[..., None]
+    codes = e2m1_codes(round_e2m1(torch.nan_to_num(y, nan=0.0)))
+    return pack_fp4(codes.flatten(-2)), e.to(torch.int16)
+
+
+def dequant_mxfp4(packed: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
+    """Dequantization of :func:`quant_mxfp4` output to fp32."""
+    vals = e2m1_decode(unpack_fp4(packed)).unflatten(-1, (-1, 32))
+    return (vals * torch.exp2(exps.float())[..., None]).flatten(-2)
+
+
+def fake_quant_fp4(x: torch.Tensor, fmt: str = "nvfp4") -> torch.Tensor:
+    """Quantize-dequantize along the last dim (fp32 result), for ``fmt`` in ``nvfp4 | mxfp4``."""
+    if fmt == "nvfp4":
+        return dequant_nvfp4(*quant_nvfp4(x))
+    if fmt == "mxfp4":
+        return dequant_mxfp4(*quant_mxfp4(x))
+    raise ValueError(f"unknown fp4 format {fmt!r}")
