@@ -144,7 +144,8 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
     scale_factors: list = []
     mask = None
     mask_kind = "none"
-    mask_seen_before_scale = False
+    scale_seen = False  # walking back: a scale met before the mask is applied after it in the code
+    scale_after_mask = False
     while True:
         if _is_cast(x):
             nodes.append(x)
@@ -154,15 +155,15 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
             a, b = x.args
             f = _number(b) if _is_tensor(a) else _number(a)
             if f is not None:
-                if mask is not None:
-                    mask_seen_before_scale = True
+                if mask is None:
+                    scale_seen = True
                 scale_factors.append(("mul", f))
                 nodes.append(x)
                 x = a if _is_tensor(a) else b
                 continue
         if _fn(x, _DIV, "div") and len(x.args) == 2 and _is_tensor(x.args[0]) and _number(x.args[1]) is not None:
-            if mask is not None:
-                mask_seen_before_scale = True
+            if mask is None:
+                scale_seen = True
             scale_factors.append(("div", _number(x.args[1])))
             nodes.append(x)
             x = x.args[0]
@@ -175,6 +176,7 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
                 return None
             mask = b if side is a else a
             mask_kind = "bool" if val(mask).dtype == torch.bool else "additive"
+            scale_after_mask = scale_seen
             if mask_kind == "bool":
                 return None  # adding a bool tensor is not a mask idiom we understand
             nodes.append(x)
@@ -184,6 +186,7 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
             fill = x.args[2]
             if isinstance(fill, (int, float)) and fill <= NEG_LARGE:
                 mask, mask_kind = (x.args[1], "invert"), "bool"
+                scale_after_mask = scale_seen
                 nodes.append(x)
                 x = x.args[0]
                 continue
@@ -192,8 +195,10 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
             cond, a, b = x.args
             if isinstance(b, (int, float)) and b <= NEG_LARGE and _is_tensor(a):
                 mask, mask_kind, x2 = cond, "bool", a
+                scale_after_mask = scale_seen
             elif isinstance(a, (int, float)) and a <= NEG_LARGE and _is_tensor(b):
                 mask, mask_kind, x2 = (cond, "invert"), "bool", b
+                scale_after_mask = scale_seen
             else:
                 return None
             nodes.append(x)
@@ -251,7 +256,7 @@ def match_from_softmax(sm: fx.Node) -> Optional[Site]:
     if reject:
         s.reject_reason = reject
         return s
-    if mask_seen_before_scale:
+    if scale_after_mask:
         s.reject_reason = "scale applied after the mask: kept"
         return s
     rk, rv = _rank(k), _rank(v)

@@ -14,7 +14,8 @@ _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
 
 
 def is_sdpa(n: fx.Node) -> bool:
-    return n.op == "call_function" and (n.target in SDPA_TARGETS or n.target is _ATEN_SDPA)
+    return n.op == "call_function" and (n.target in SDPA_TARGETS or n.target is _ATEN_SDPA
+                                        or n.target is torch.ops.aten.scaled_dot_product_attention)
 
 
 def normalize_args(n: fx.Node) -> dict:

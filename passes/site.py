@@ -111,6 +111,19 @@ class Site:
         f, line, fn = frames[-1]
         return f"{f}:{line} in {fn}"
 
+    @property
+    def scale_value(self):
+        """The softmax scale as a number (None = D ** -0.5), or a string for a symbolic scale."""
+        s = self.scale
+        if isinstance(s, tuple) and s and s[0] == "factors":
+            out = 1.0
+            for op, f in s[1]:
+                if not isinstance(f, (int, float)):
+                    return str(s[1])
+                out = out * f if op == "mul" else out / f
+            return out
+        return s if s is None or isinstance(s, (int, float)) else str(s)
+
     def describe(self) -> dict:
         def fmt(s):
             return None if s is None else [str(x) for x in s]
@@ -120,7 +133,7 @@ class Site:
             "q": fmt(self.q_shape), "k": fmt(self.k_shape), "v": fmt(self.v_shape),
             "dtype": str(self.dtype).replace("torch.", ""), "layout": self.layout, "mask": self.mask_kind,
             "causal": self.causal, "gqa": f"{self.hq}/{self.hkv}" if self.q is not None and self.hq != self.hkv else None,
-            "scale": self.scale if isinstance(self.scale, (int, float)) or self.scale is None else str(self.scale),
+            "scale": self.scale_value,
             "unwrapped": list(self.unwrapped),
         }
 

@@ -98,7 +98,8 @@ def run(
             l = alpha * l + rowsum
             acc = alpha * acc + contrib
             m = m_new
-        out[:, :, i0:i1] = torch.where(l > 0, acc / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(acc))
+        # fully masked rows (l == 0) give 0, as FlashAttention; NaN/Inf propagate (never a plausible output)
+        out[:, :, i0:i1] = torch.where(l == 0, torch.zeros_like(acc), acc / torch.where(l == 0, torch.ones_like(l), l))
     return out
 
 

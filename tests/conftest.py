@@ -1,0 +1,34 @@
+import os
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Counters are asserted: no FX/AOT cache hits (the rewrite would not run), a clean Dynamo state."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(1234)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

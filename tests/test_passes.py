@@ -1,0 +1,255 @@
+"""FX passes: SDPA in every call form and hand-written attention in several spellings are found,
+replaced (counters), and the compiled output matches eager; unsupported sites are kept with a reason.
+
+Most tests use ``make_backend(compiler="eager")`` (same rewrite, no Inductor) to keep CPU CI fast;
+test_backend.py and test_models.py cover the Inductor hand-off."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import cos_rel
+from torch import nn
+from torch._dynamo.utils import counters
+
+import sage_compile
+from sage_compile import debug
+
+
+def compiled_matches(fn, args, replaced, kernel="int8_fp8", min_cos=0.999, compiler="eager", kept=0):
+    debug.clear_reports()
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad():
+        ref = fn(*args)
+        out = torch.compile(fn, backend=sage_compile.make_backend(compiler=compiler, kernel=kernel), fullgraph=True)(*args)
+    c = counters["sage_compile"]
+    assert c["replaced"] == replaced, debug.format_report(debug.last_reports()[-1])
+    assert c["kept"] == kept, debug.format_report(debug.last_reports()[-1])
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    if replaced:
+        assert cos_rel(out, ref)[0] >= min_cos
+    else:
+        assert torch.equal(out, ref)
+    return debug.last_reports()[-1]
+
+
+def qkv(b=2, h=4, n=48, d=32, hkv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, n, d, generator=g), torch.randn(b, hkv or h, n, d, generator=g),
+            torch.randn(b, hkv or h, n, d, generator=g))
+
+
+# ----------------------------------------------------------------------------- hand-written spellings
+def hw_div(q, k, v):
+    return torch.matmul(q, k.transpose(-2, -1)).div(math.sqrt(q.shape[-1])).softmax(dim=-1).matmul(v)
+
+
+def hw_mul_functional(q, k, v):
+    return F.softmax(q @ k.transpose(-1, -2) * 0.17, dim=-1) @ v
+
+
+def hw_einsum_upcast(q, k, v):
+    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    return torch.einsum("bhqk,bhkd->bhqd", s.float().softmax(-1).to(q.dtype), v)
+
+
+def hw_bmm_3d(q, k, v):
+    q3, k3, v3 = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
+    return torch.bmm(torch.bmm(q3, k3.transpose(1, 2)).mul(0.2).softmax(-1), v3).unflatten(0, q.shape[:2])
+
+
+def hw_prescaled_q(q, k, v):
+    return torch.softmax((q * 0.125) @ k.transpose(2, 3), dim=-1) @ v
+
+
+def hw_no_scale(q, k, v):
+    return torch.softmax(torch.matmul(q, k.permute(0, 1, 3, 2)), dim=-1) @ v
+
+
+def hw_softmax_dtype(q, k, v):
+    return torch.softmax(q @ k.mT / 5.0, dim=-1, dtype=torch.float32).to(v.dtype) @ v
+
+
+@pytest.mark.parametrize("fn", [hw_div, hw_mul_functional, hw_einsum_upcast, hw_bmm_3d, hw_prescaled_q,
+                                hw_no_scale, hw_softmax_dtype])
+def test_handwritten_spellings(fn):
+    rows = compiled_matches(fn, qkv(), replaced=1)
+    assert rows[0]["kind"] == "handwritten"
+
+
+def test_handwritten_scale_value_is_kept():
+    """No scale in the code means scale 1, not 1/sqrt(d)."""
+    q, k, v = qkv(d=16)
+    rows = compiled_matches(hw_no_scale, (q, k, v), replaced=1)
+    assert rows[0]["scale"] == 1.0
+    torch._dynamo.reset()
+    assert compiled_matches(hw_div, (q, k, v), replaced=1)[0]["scale"] == pytest.approx(0.25)
+
+
+def test_handwritten_masks():
+    q, k, v = qkv(n=40)
+    g = torch.Generator().manual_seed(5)
+    keep = torch.rand(2, 1, 40, 40, generator=g) > 0.3
+    keep[..., 0] = True
+    add = torch.randn(2, 4, 1, 40, generator=g)
+
+    def additive(q, k, v, m):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.2 + m, dim=-1) @ v
+
+    def masked_fill(q, k, v, m):
+        return (q @ k.transpose(-2, -1) * 0.2).masked_fill(~m, float("-inf")).softmax(-1) @ v
+
+    def where(q, k, v, m):
+        s = q @ k.transpose(-2, -1) * 0.2
+        return torch.where(m, s, torch.finfo(s.dtype).min).softmax(-1) @ v
+
+    assert compiled_matches(additive, (q, k, v, add), 1)[0]["mask"] == "additive"
+    assert compiled_matches(masked_fill, (q, k, v, keep), 1)[0]["mask"] == "bool"
+    assert compiled_matches(where, (q, k, v, keep), 1)[0]["mask"] == "bool"
+
+
+class DropoutAttn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, q, k, v):
+        return self.drop(torch.softmax(q @ k.transpose(-2, -1) * 0.2, dim=-1)) @ v
+
+
+def test_dropout_in_training_is_kept_and_eval_is_replaced():
+    m = DropoutAttn()
+    rows = compiled_matches(m.eval(), qkv(), replaced=1)
+    assert rows[0]["decision"] == "int8_fp8"
+    torch._dynamo.reset()
+    counters.clear()
+    m.train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        torch.compile(m, backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8"))(*qkv())
+    rows = debug.last_reports()[-1]
+    assert counters["sage_compile"]["replaced"] == 0 and "dropout" in rows[0]["reason"]
+
+
+def test_probabilities_used_elsewhere_are_kept():
+    def f(q, k, v):
+        p = torch.softmax(q @ k.transpose(-2, -1) * 0.2, dim=-1)
+        return p @ v, p
+
+    with torch.no_grad():
+        out, p = torch.compile(f, backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8"))(*qkv())
+    assert counters["sage_compile"]["replaced"] == 0 and counters["sage_compile"]["kept"] == 1
+    assert "several users" in debug.last_reports()[-1][0]["reason"]
+
+
+def test_softmax_that_is_not_attention_is_ignored():
+    def f(x, w):
+        return torch.softmax(x @ w, dim=-1).sum()
+
+    with torch.no_grad():
+        torch.compile(f, backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8"))(torch.randn(4, 8), torch.randn(8, 8))
+    assert counters["sage_compile"]["sites"] == 0
+
+
+# ----------------------------------------------------------------------------- SDPA call forms
+def sdpa_positional(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+
+
+def sdpa_kwargs(q, k, v):
+    return F.scaled_dot_product_attention(query=q, key=k, value=v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=0.3)
+
+
+def sdpa_gqa(q, k, v):
+    return F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], is_causal=True, enable_gqa=True)
+
+
+def sdpa_repeat_interleave(q, k, v):
+    k2, v2 = k[:, :2], v[:, :2]
+    return F.scaled_dot_product_attention(q, k2.repeat_interleave(2, dim=1), v2.repeat_interleave(2, dim=1))
+
+
+def sdpa_nhd(q, k, v):
+    qn, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # (B, N, H, D) like diffusers
+    o = F.scaled_dot_product_attention(qn.permute(0, 2, 1, 3), kn.permute(0, 2, 1, 3), vn.permute(0, 2, 1, 3))
+    return o.transpose(1, 2).flatten(2)
+
+
+def sdpa_aten(q, k, v):
+    return torch.ops.aten.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("fn", [sdpa_positional, sdpa_kwargs, sdpa_gqa, sdpa_repeat_interleave, sdpa_nhd, sdpa_aten])
+def test_sdpa_call_forms(fn):
+    rows = compiled_matches(fn, qkv(), replaced=1)
+    if fn is sdpa_nhd:
+        assert rows[0]["layout"] == "NHD"
+    if fn in (sdpa_gqa, sdpa_repeat_interleave):
+        assert rows[0]["gqa"] == "4/2"
+    if fn is sdpa_positional:
+        assert rows[0]["causal"] == "top_left"
+
+
+def test_sdpa_masks():
+    q, k, v = qkv(n=24)
+    keep = torch.rand(2, 1, 24, 24) > 0.3
+    keep[..., 0] = True
+    add = torch.randn(2, 1, 1, 24)
+    f = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m)  # noqa: E731
+    assert compiled_matches(f, (q, k, v, keep), 1)[0]["mask"] == "bool"
+    torch._dynamo.reset()
+    counters.clear()
+    assert compiled_matches(f, (q, k, v, add), 1)[0]["mask"] == "additive"
+
+
+def test_unsupported_sites_are_kept_with_reason():
+    q, k, v = qkv(d=288)
+    rows = compiled_matches(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v), replaced=0, kept=1)
+    assert "head_dim 288" in rows[0]["reason"]
+    torch._dynamo.reset()
+    counters.clear()
+    rows = compiled_matches(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), qkv(), replaced=0,
+                            kernel="exact", kept=1)
+    assert rows[0]["reason"].startswith("exact")
+
+
+def test_auto_on_cpu_is_exact():
+    rows = compiled_matches(sdpa_kwargs, qkv(), replaced=0, kernel="auto", kept=1)
+    assert "auto on cpu" in rows[0]["reason"]
+
+
+def test_strict_mode_raises_on_fallback():
+    q, k, v = qkv(d=288)
+    with pytest.raises(Exception, match="strict"):
+        with torch.no_grad():
+            torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+                          backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8", strict=True))(q, k, v)
+
+
+def test_site_override_and_fp4_padding_note():
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v) + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = qkv(d=40)
+    override = lambda site: "fp4" if site.causal == "top_left" else "int8_fp8"  # noqa: E731
+    with torch.no_grad():
+        torch.compile(f, backend=sage_compile.make_backend(compiler="eager", site_override=override))(q, k, v)
+    rows = debug.last_reports()[-1]
+    assert [r["decision"] for r in rows] == ["int8_fp8", "fp4"]
+    assert "padded to 48" in rows[1]["notes"][0]
+
+
+def test_dump_dir_and_report(tmp_path):
+    dump = tmp_path / "dump"
+    with sage_compile.options(dump_dir=str(dump), kernel="int8_fp8"):
+        with torch.no_grad():
+            torch.compile(sdpa_nhd, backend=sage_compile.make_backend(compiler="eager"))(*qkv())
+    files = sorted(p.name for p in dump.iterdir())
+    assert any(f.endswith("_before.py") for f in files) and any(f.endswith("_after.py") for f in files)
+    after = next(dump.glob("*_after.py")).read_text()
+    before = next(dump.glob("*_before.py")).read_text()
+    assert "scaled_dot_product_attention" in before and "scaled_dot_product_attention" not in after
+    assert "sage_compile.attention_int8_fp8" in after and "sage_compile.quantize_int8_fp8" in after
+    txt = next(dump.glob("*_report.txt")).read_text()
+    assert "replaced 1/1" in txt and "test_passes.py" in txt and "NHD" in txt

@@ -1,0 +1,141 @@
+"""Reference attention numerics: accuracy vs fp64 SDPA on gaussian and outlier inputs, semantics
+(causal alignments, GQA, Lq != Lk, masks, layouts), chunking, bad inputs, no mutation."""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import cos_rel, outlier_inputs
+
+from sage_compile.reference import engine, exact, fp4, int8_fp8, int8_fp16
+
+MODS = {"int8_fp8": int8_fp8, "int8_fp16": int8_fp16, "fp4": fp4}
+# (gaussian cos, gaussian rel-L1, outlier cos, outlier rel-L1) floors measured on these sets (N=512)
+GOALS = {"int8_fp8": (0.999, 0.045, 0.997, 0.08), "int8_fp16": (0.9998, 0.02, 0.997, 0.08),
+         "fp4": (0.975, 0.22, 0.92, 0.40)}
+
+
+def run(scheme, q, k, v, mask=None, causal="none", scale=None, layout="HND"):
+    m = MODS[scheme]
+    qt = m.quantize(q, k, v, layout)
+    extra = {"head_dim": q.shape[-1]} if scheme == "fp4" else {}
+    return m.attention(*qt, mask, causal, scale, layout, q.dtype, **extra)
+
+
+def ref64(q, k, v, mask=None, causal="none", scale=None, layout="HND"):
+    return exact.attention(q.double(), k.double(), v.double(), mask if mask is None or mask.dtype == torch.bool
+                           else mask.double(), causal, scale, layout)
+
+
+@pytest.mark.parametrize("scheme", list(MODS))
+def test_accuracy_gaussian_and_outlier(scheme, rng):
+    q, k, v = (torch.randn(1, 4, 512, 64, generator=rng) for _ in range(3))
+    c, l1 = cos_rel(run(scheme, q, k, v), ref64(q, k, v))
+    g = GOALS[scheme]
+    assert c >= g[0] and l1 <= g[1], (c, l1)
+    q, k, v = outlier_inputs(1, 4, 512, 64, rng)
+    c, l1 = cos_rel(run(scheme, q, k, v), ref64(q, k, v))
+    assert c >= g[2] and l1 <= g[3], (c, l1)
+
+
+@pytest.mark.parametrize("scheme", list(MODS))
+@pytest.mark.parametrize("causal", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("lq,lk", [(70, 200), (200, 70), (129, 129)])
+def test_causal_gqa_ragged(scheme, causal, lq, lk, rng):
+    q = torch.randn(2, 4, lq, 32, generator=rng)
+    k, v = (torch.randn(2, 2, lk, 32, generator=rng) for _ in range(2))
+    out, ref = run(scheme, q, k, v, causal=causal), ref64(q, k, v, causal=causal)
+    rows = torch.isfinite(ref).all(-1) & (ref.abs().sum(-1) > 0)  # top_left with Lq > Lk: all rows see key 0
+    c, _ = cos_rel(out[rows], ref[rows])
+    assert c > (0.96 if scheme == "fp4" else 0.998)
+    assert torch.isfinite(out).all()
+
+
+def test_causal_alignments_differ_only_when_lengths_differ(rng):
+    q, k, v = (torch.randn(1, 2, 50, 16, generator=rng) for _ in range(3))
+    a = run("int8_fp8", q, k, v, causal="top_left")
+    b = run("int8_fp8", q, k, v, causal="bottom_right")
+    assert torch.equal(a, b)
+    k2, v2 = (torch.randn(1, 2, 80, 16, generator=rng) for _ in range(2))
+    assert not torch.allclose(run("int8_fp8", q, k2, v2, causal="top_left"), run("int8_fp8", q, k2, v2, causal="bottom_right"))
+
+
+@pytest.mark.parametrize("scheme", list(MODS))
+def test_masks_bool_and_additive(scheme, rng):
+    q, k, v = (torch.randn(2, 2, 40, 32, generator=rng) for _ in range(3))
+    keep = torch.rand(2, 1, 40, 40, generator=rng) > 0.3
+    keep[..., 0] = True
+    add = torch.randn(2, 2, 1, 40, generator=rng)
+    for mask in (keep, add):
+        c, _ = cos_rel(run(scheme, q, k, v, mask=mask), ref64(q, k, v, mask=mask))
+        assert c > (0.96 if scheme == "fp4" else 0.998)
+
+
+def test_fully_masked_rows_are_zero_not_nan(rng):
+    q, k, v = (torch.randn(1, 1, 8, 16, generator=rng) for _ in range(3))
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    mask[..., 3, :] = False
+    out = run("int8_fp8", q, k, v, mask=mask)
+    assert torch.isfinite(out).all() and (out[0, 0, 3] == 0).all()
+
+
+@pytest.mark.parametrize("scheme", list(MODS))
+def test_nhd_layout_equals_hnd(scheme, rng):
+    q, k, v = (torch.randn(2, 30, 3, 32, generator=rng) for _ in range(3))  # (B, N, H, D)
+    a = run(scheme, q, k, v, layout="NHD")
+    b = run(scheme, *(t.transpose(1, 2) for t in (q, k, v)), layout="HND")
+    assert a.shape == q.shape and a.is_contiguous()
+    assert torch.equal(a, b.transpose(1, 2))
+
+
+def test_query_chunking_is_exact(rng):
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=rng) for _ in range(3))
+    qt = int8_fp8.quantize(q, k, v)
+    full = int8_fp8.attention(*qt, None, "top_left", None, "HND", torch.float32)
+    orig = engine.run.__defaults__
+    try:
+        engine.run.__defaults__ = (1 << 10,)  # tiny chunks
+        small = int8_fp8.attention(*qt, None, "top_left", None, "HND", torch.float32)
+    finally:
+        engine.run.__defaults__ = orig
+    assert torch.allclose(full, small, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", list(MODS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dtypes_seq1_and_no_mutation(scheme, dtype, rng):
+    q = torch.randn(1, 2, 1, 64, generator=rng).to(dtype)
+    k, v = (torch.randn(1, 2, 33, 64, generator=rng).to(dtype) for _ in range(2))
+    copies = [t.clone() for t in (q, k, v)]
+    out = run(scheme, q, k, v)
+    assert out.dtype == dtype and out.shape == q.shape
+    for t, c in zip((q, k, v), copies):
+        assert torch.equal(t, c)
+    c, _ = cos_rel(out.float(), ref64(q, k, v).float())
+    assert c > (0.95 if scheme == "fp4" else 0.995)
+
+
+def test_nan_input_gives_nan_not_plausible_output(rng):
+    q, k, v = (torch.randn(1, 1, 16, 16, generator=rng) for _ in range(3))
+    k[0, 0, 3, 2] = float("nan")
+    out = run("int8_fp8", q, k, v)
+    assert torch.isnan(out).any()
+
+
+def test_fp4_head_dim_padding_and_options(rng):
+    q, k, v = (torch.randn(1, 2, 150, 40, generator=rng) for _ in range(3))  # 40 -> padded to 48
+    qt = fp4.quantize(q, k, v)
+    assert qt[0].shape[-1] == 24
+    ref = ref64(q, k, v)
+    outs = {}
+    for p_scale in ("unrounded", "rounded"):
+        outs[p_scale] = fp4.attention(*qt, None, "none", None, "HND", torch.float32, 40, p_scale)
+        assert cos_rel(outs[p_scale], ref)[0] > 0.97
+    assert not torch.equal(outs["unrounded"], outs["rounded"])
+    for smooth in ("k", "none"):
+        o = fp4.attention(*fp4.quantize(q, k, v, smooth=smooth), None, "none", None, "HND", torch.float32, 40)
+        assert cos_rel(o, ref)[0] > 0.9
+
+
+def test_exact_matches_sdpa(rng):
+    q, k, v = (torch.randn(2, 4, 20, 16, generator=rng) for _ in range(3))
+    assert torch.allclose(exact.attention(q, k, v, None, "top_left", None, "HND"),
+                          F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)
