@@ -1,0 +1,155 @@
+"""The backend: entry point without import, global enable (both routes), mode/options, configuration
+changes after compilation, the eager context manager and pass chaining."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import cos_rel
+from torch._dynamo.utils import counters
+
+import sage_compile
+from sage_compile import hooks
+
+SCRIPT = textwrap.dedent("""
+    import sys, torch
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+    torch._inductor.config.force_disable_caches = True
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    q = torch.randn(1, 2, 16, 32)
+    kw = eval(sys.argv[1])
+    with torch.no_grad():
+        out = torch.compile(f, **kw)(q, q, q)
+    ref = f(q, q, q)
+    print("REPLACED", counters["sage_compile"]["replaced"], "COS", torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0).item())
+    print("PREGRAD", type(torch._inductor.config.pre_grad_custom_pass).__name__)
+""")
+
+
+def _run(kw: str, **env):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_COMPILE")}
+    e.update(env)
+    p = subprocess.run([sys.executable, "-c", SCRIPT, kw], capture_output=True, text=True, env=e, timeout=300,
+                       cwd="/")
+    assert p.returncode == 0, p.stderr[-3000:]
+    words = p.stdout.split()
+    return int(words[words.index("REPLACED") + 1]), float(words[words.index("COS") + 1]), words[words.index("PREGRAD") + 1]
+
+
+def test_entry_point_backend_from_a_new_process():
+    n, cos, _ = _run("{'backend': 'sage', 'options': {'sage_kernel': 'int8_fp8'}}")
+    assert n == 1 and cos > 0.999
+
+
+def test_global_enable_default_backend_route():
+    if not hasattr(torch.compiler, "set_default_backend"):
+        pytest.skip("torch < 2.13 has no default-backend API (the pre-grad route is tested below)")
+    n, cos, pregrad = _run("{}", SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8")
+    assert n == 1 and cos > 0.999 and pregrad == "NoneType"
+
+
+def test_global_enable_pregrad_route_and_off_by_default():
+    n, cos, pregrad = _run("{}", SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8", SAGE_COMPILE_HOOK="pregrad")
+    assert n == 1 and cos > 0.999 and pregrad == "SagePreGradPass"
+    n, _, pregrad = _run("{}", SAGE_COMPILE_KERNEL="int8_fp8")
+    assert n == 0 and pregrad == "NoneType"
+
+
+def test_pregrad_pass_chains_existing_pass_and_uninstalls():
+    from torch._inductor import config as ic
+
+    seen = []
+
+    class Prev(hooks._compat.custom_graph_pass_base()):
+        def __call__(self, graph):
+            seen.append(sum(1 for n in graph.nodes if "sage_compile" in str(n.target)))
+
+        def uuid(self):
+            return "prev"
+
+    prev = Prev()
+    with ic.patch(pre_grad_custom_pass=prev):
+        with sage_compile.options(kernel="int8_fp8"):
+            hooks.install_global("pregrad")
+            try:
+                assert ic.pre_grad_custom_pass.previous is prev and ic.pre_grad_custom_pass.uuid()
+                with torch.no_grad():
+                    torch.compile(lambda q: F.scaled_dot_product_attention(q, q, q))(torch.randn(1, 2, 8, 16))
+            finally:
+                hooks.uninstall_global()
+            assert ic.pre_grad_custom_pass is prev
+    assert seen and seen[0] >= 2  # the previous pass ran after ours and saw the sage ops
+
+
+def test_mode_and_options_reach_inductor(monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    got = {}
+    real = cfx.compile_fx
+
+    def spy(gm, inputs, config_patches=None, **kw):
+        got.update(config_patches or {})
+        return real(gm, inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(cfx, "compile_fx", spy)
+    f = lambda q: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    with torch.no_grad():
+        torch.compile(f, backend="sage", mode="max-autotune-no-cudagraphs")(torch.randn(1, 2, 8, 16))
+    assert got.get("max_autotune") is True
+    torch._dynamo.reset()
+    got.clear()
+    with torch.no_grad():
+        torch.compile(f, backend="sage", options={"sage_kernel": "int8_fp8", "epilogue_fusion": False})(torch.randn(1, 2, 8, 16))
+    assert got == {"epilogue_fusion": False} and counters["sage_compile"]["scheme:int8_fp8"] == 1
+
+
+def test_config_change_after_compilation_raises_never_stale():
+    f = lambda q: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    q = torch.randn(1, 2, 8, 16)
+    with torch.no_grad():
+        with sage_compile.options(kernel="int8_fp8"):
+            cf = torch.compile(f, backend="sage")
+            cf(q)
+            cf(q)
+        with pytest.raises(Exception, match="configuration changed"):
+            cf(q)
+        with sage_compile.options(kernel="int8_fp8"):
+            cf(q)  # back to the compiled configuration: fine
+        torch._dynamo.reset()
+        explicit = torch.compile(f, backend=sage_compile.make_backend(kernel="fp4"))
+        explicit(q)
+        with sage_compile.options(kernel="int8_fp8"):
+            explicit(q)  # explicit arguments win: nothing changed for this graph
+
+
+def test_env_configuration(monkeypatch):
+    monkeypatch.setenv("SAGE_COMPILE_KERNEL", "fp4")
+    assert sage_compile.config.resolve().kernel == "fp4"
+    with sage_compile.options(kernel="int8_fp16"):
+        assert sage_compile.config.resolve().kernel == "int8_fp16"
+        assert sage_compile.config.resolve(kernel="exact").kernel == "exact"
+    monkeypatch.setenv("SAGE_COMPILE_KERNEL", "int3")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        sage_compile.config.resolve()
+    with pytest.raises(TypeError, match="unknown option"):
+        sage_compile.make_backend(kernal="fp4")
+
+
+def test_eager_context_manager():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 32, 64, generator=g) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sage_compile.enable(kernel="fp4"):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        kept = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # unsupported: SDPA runs, not an error
+    assert not torch.equal(out, ref) and cos_rel(out, ref)[0] > 0.95
+    assert kept.shape == q.shape
+    with sage_compile.enable(kernel="int8_fp8"):
+        m = sage_compile.models.TinyDiT(dim=128, heads=2, depth=1).eval()
+        x = torch.randn(1, 64, 16, generator=g)
+        with torch.no_grad():
+            assert cos_rel(m(x), torch.compile(m, backend="eager")(x))[0] > 0.999
