@@ -28,6 +28,24 @@ _LAZY = {
 }
 
 
+def _map_source_passes() -> None:
+    """Source checkouts keep the FX passes in the top-level ``passes/`` folder (installed wheels place
+    them at ``sage_compile/passes``). Where no installer finder maps ``sage_compile.passes`` (e.g. an
+    editable install in compat mode, or running from the checkout), map it to that folder."""
+    import importlib.util
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if os.path.isdir(os.path.join(here, "passes")) or not os.path.isfile(os.path.join(root, "passes", "__init__.py")):
+        return
+    if importlib.util.find_spec(__name__ + ".passes") is None:
+        __path__.append(root)  # type: ignore[name-defined]  # noqa: F821
+
+
+_map_source_passes()
+
+
 def attention(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8"):
     """Quantized attention; see ``torch.ops.sage_compile.attention`` (:func:`sage_compile.ops.attention`)."""
     from . import ops

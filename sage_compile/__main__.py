@@ -55,8 +55,11 @@ def run(kernel: str, device: str, tokens: int, iters: int) -> None:
         ("TinyDiT", models.TinyDiT().to(device, dtype).eval(), (torch.randn(2, tokens, 16, device=device, dtype=dtype),)),
         ("TinyLlama", models.TinyLlama().to(device, dtype).eval(), (torch.randint(0, 512, (2, tokens), device=device),)),
     ]
+    from sage_compile import ops
+
+    impl = "kernel" if kernel in ops.QUANT_SCHEMES and ops.has_fast_impl(kernel, device) else "reference numerics"
     print(f"sage_compile {sage_compile.__version__} | torch {torch.__version__} | device {device} | kernel {kernel} "
-          f"| {'fast kernels' if device == 'cuda' else 'reference numerics (CPU)'}")
+          f"| {impl if kernel in ops.QUANT_SCHEMES else 'policy decides per site'}")
     for name, model, inputs in cases:
         print(f"\n=== {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params, {tokens} tokens)")
         with torch.no_grad():
