@@ -1,1 +1,24 @@
-"""GPU kernels (Triton); imported lazily on CUDA devices. Each kernel registers itself in sage_compile.ops."""
+"""GPU kernels (Triton), imported lazily by :mod:`sage_compile.ops` for CUDA devices.
+
+Each scheme's kernel package exposes ``impl`` (``quantize``/``attention`` with the reference's
+signatures) and is registered here: one line per kernel. Kernels need Triton and a GPU with INT8 and
+FP8 tensor cores (sm89 / sm90); elsewhere the reference serves.
+"""
+import torch
+
+from .. import ops
+
+
+def _capability_ok(major_minor: tuple[int, int]) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= major_minor
+
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # pragma: no cover - CPU-only installs
+    triton = None
+
+if triton is not None and _capability_ok((8, 9)):
+    from . import int8_fp8
+
+    ops.register_impl("int8_fp8", "cuda", int8_fp8.impl)

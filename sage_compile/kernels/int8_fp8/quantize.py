@@ -1,0 +1,125 @@
+"""Triton prologue of ``int8_fp8``: per-token INT8 Q and (smoothed) K, per-channel FP8 V transposed.
+
+Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (conventions.md rule 1):
+IEEE-exact divisions (``div_rn``), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
+The token reductions (K mean, V channel amax) run as torch reductions; the element-wise work is one
+Triton pass over each of Q, K and V.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...reference.layout import to_hnd
+
+_RNE = 12582912.0  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
+# Triton's interpreter (TRITON_INTERPRET=1, the CPU test path) rounds fp32 -> e4m3 wrongly (no carry into
+# the exponent: 124 -> 64); there the kernels round to the e4m3 grid in fp32 first, so the cast is exact.
+EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def to_e4m3(x, EMULATE: tl.constexpr):
+    """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
+    if EMULATE:
+        bits = x.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+        step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+        y = x / step
+        y = (y + 12582912.0) - 12582912.0
+        x = y * step
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
+                     HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    inb = (rn[:, None] < N) & (rd[None, :] < D)
+    x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
+    if HAS_MEAN:
+        mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
+        x = tl.where(inb, x - mu[None, :], 0.0)
+    amax = tl.max(tl.abs(x), axis=1)
+    nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    scale = tl.where(nan, float("nan"), scale)
+    safe = tl.where(scale == 0.0, 1.0, scale)
+    y = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], x.shape))
+    y = tl.where(scale[:, None] == 0.0, 0.0, y)
+    y = (y + _RNE) - _RNE
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    y = tl.where(y != y, 0.0, y)
+    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y.to(tl.int8), mask=inb)
+    tl.store(S + bh * N + rn, scale, mask=rn < N)
+
+
+@triton.jit
+def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 EMULATE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    inb = (rn[:, None] < N) & (rd[None, :] < D)
+    v = tl.load(V + b * svb + h * svh + rn[:, None] * svn + rd[None, :] * svd, mask=inb, other=0.0).to(tl.float32)
+    sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
+    safe = tl.where(sc == 0.0, 1.0, sc)
+    y = tl.math.div_rn(v, tl.broadcast_to(safe[None, :], v.shape))
+    y = tl.where(sc[None, :] == 0.0, 0.0, y)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    # transposed store: (B, H, D, N), tokens contiguous (the K-major operand of the FP8 PV matmul)
+    tl.store(Y + bh * D * N + rd[None, :] * N + rn[:, None], to_e4m3(y, EMULATE), mask=inb)
+
+
+def _grid_rows(n, bh, block):
+    return (triton.cdiv(n, block), bh)
+
+
+def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
+    """fp32 token mean of K per (batch, head): ``(B, H, D)``."""
+    return k_hnd.mean(dim=-2, dtype=torch.float32)
+
+
+def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None):
+    """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N))."""
+    b, h, n, d = x_hnd.shape
+    y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
+    s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
+    block_d = max(16, triton.next_power_of_2(d))
+    block_n = max(1, min(64, 8192 // block_d))
+    _quant_rows_int8[_grid_rows(n, b * h, block_n)](
+        x_hnd, mean if mean is not None else s, y, s, *x_hnd.stride(), h, n, d,
+        HAS_MEAN=mean is not None, BLOCK_N=block_n, BLOCK_D=block_d)
+    return y, s
+
+
+def quant_v_fp8(v_hnd: torch.Tensor):
+    """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,N), fp32 scales (B,H,D))."""
+    b, h, n, d = v_hnd.shape
+    scale = (v_hnd.abs().amax(dim=-2).float() / 448.0).contiguous()
+    y = torch.empty((b, h, d, n), dtype=torch.float8_e4m3fn, device=v_hnd.device)
+    block_d = max(16, triton.next_power_of_2(d))
+    block_n = max(1, min(64, 8192 // block_d))
+    _quant_v_fp8[_grid_rows(n, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, d,
+                                                BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
+    return y, scale
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
+    """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified."""
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    q8, qs = quant_rows_int8(q)
+    k8, ks = quant_rows_int8(k, k_mean(k).contiguous())
+    v8, vs = quant_v_fp8(v)
+    return q8, qs, k8, ks, v8, vs
