@@ -1,0 +1,213 @@
+"""Attention kernel benchmark (one GPU run): sage int8_fp8 (kernel only and with its prologue) beside SDPA
+cuDNN / flash, FlexAttention, FA3 bf16 / FP8 (``fa3-fwd`` wheel) and ``sageattention==1.0.6``, plus the
+accuracy table on the same inputs. Peers that are not installed are skipped with a note.
+
+    python benchmarks/bench_attention.py --out benchmarks/results/attention_h200.json
+
+TOPS = 4·B·H·N²·D / t (halved for causal), ``triton.testing.do_bench`` median. Records follow
+shared/docs/conventions.md; a bar chart PNG is written beside the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+
+def _commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__)).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def peers(hd, causal):
+    """name -> (prepare(q, k, v) -> state, run(state)); only what is installed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out, notes = {}, []
+
+    def sdpa(backend):
+        def run(s):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(*s, is_causal=causal)
+        return (lambda q, k, v: (q, k, v)), run
+
+    out["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    out["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+
+        def prep(q, k, v):
+            bm = None
+            if causal:
+                bm = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, q.shape[2], k.shape[2])
+            return q, k, v, bm
+
+        out["flex"] = (prep, lambda s: flex(s[0], s[1], s[2], block_mask=s[3]))
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"flex: {e!r}")
+    try:
+        from fa3_fwd_interface import flash_attn_func
+
+        def fa3_prep(q, k, v):
+            return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+        out["fa3_bf16"] = (fa3_prep, lambda s: flash_attn_func(*s, causal=causal))
+
+        def fa3_fp8_prep(q, k, v):
+            b, h = q.shape[:2]
+            ts = fa3_prep(q, k, v)
+            ts8 = []
+            descale = []
+            for t in ts:
+                sc = (t.float().abs().amax(dim=(1, 3)) / 448.0).clamp_min(1e-12)  # (B, H) per head
+                ts8.append((t.float() / sc[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn))
+                descale.append(sc.contiguous())
+            return (*ts8, *descale)
+
+        out["fa3_fp8"] = (fa3_fp8_prep, lambda s: flash_attn_func(s[0], s[1], s[2], causal=causal, q_descale=s[3],
+                                                                  k_descale=s[4], v_descale=s[5]))
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"fa3: {e!r}")
+    try:
+        import sageattention
+
+        out["sageattn1"] = ((lambda q, k, v: (q, k, v)),
+                            lambda s: sageattention.sageattn(s[0], s[1].clone(), s[2], is_causal=causal))
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"sageattention 1.0.6: {e!r}")
+    return out, notes
+
+
+def ours(causal):
+    from sage_compile.kernels.int8_fp8 import attention as KA
+    from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+    c = "top_left" if causal else "none"
+    kernel_only = ((lambda q, k, v: KQ.quantize(q, k, v)),
+                   lambda s: KA.attention(*s, None, c, None, "HND", torch.bfloat16))
+    with_prologue = ((lambda q, k, v: (q, k, v)),
+                     lambda s: KA.attention(*KQ.quantize(*s), None, c, None, "HND", torch.bfloat16))
+    return {"sage_int8_fp8:kernel_only": kernel_only, "sage_int8_fp8:with_prologue": with_prologue}
+
+
+def main():
+    import triton
+    from triton.testing import do_bench
+
+    from helpers import cos_rel, outlier_inputs
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="benchmarks/results/attention_h200.json")
+    p.add_argument("--seqs", default="1024,4096,8192,16384")
+    p.add_argument("--dims", default="128,64")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=32)
+    a = p.parse_args()
+    dev = torch.cuda.get_device_name()
+    base = dict(device=dev, torch=torch.__version__, triton=triton.__version__, commit=_commit(),
+                date=datetime.date.today().isoformat(), command=" ".join(sys.argv), batch=a.batch, heads=a.heads)
+    recs = []
+    t0 = time.time()
+    for hd in (int(x) for x in a.dims.split(",")):
+        for causal in (False, True):
+            kernels, notes = peers(hd, causal)
+            for n in notes:
+                print("note:", n, flush=True)
+            kernels.update(ours(causal))
+            for n in (int(x) for x in a.seqs.split(",")):
+                b = a.batch if n <= 16384 else 2
+                q, k, v = (torch.randn(b, a.heads, n, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = 4 * b * a.heads * n * n * hd / (2 if causal else 1)
+                row = []
+                for name, (prep, run) in kernels.items():
+                    try:
+                        s = prep(q, k, v)
+                        ms = do_bench(lambda: run(s), warmup=25, rep=100)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  {name} hd{hd} causal={causal} N={n}: failed {e!r}"[:300], flush=True)
+                        continue
+                    kern, _, variant = name.partition(":")
+                    recs.append(dict(base, kernel=kern, variant=variant or None, head_dim=hd, seq_len=n, causal=causal,
+                                     batch=b, metric="tops", value=flops / ms / 1e9))
+                    row.append(f"{name}={flops / ms / 1e9:.0f}")
+                print(f"[{time.time() - t0:5.0f}s] hd{hd} causal={int(causal)} N={n}: " + " ".join(row), flush=True)
+                del q, k, v
+    # accuracy on the same kind of inputs (N=4096, B=2, H=16, vs fp32 SDPA)
+    g = torch.Generator().manual_seed(0)
+    for hd in (int(x) for x in a.dims.split(",")):
+        sets = {"gaussian": tuple(torch.randn(2, 16, 4096, hd, generator=g) for _ in range(3)),
+                "outlier": outlier_inputs(2, 16, 4096, hd, g)}
+        kernels, _ = peers(hd, False)
+        kernels.update(ours(False))
+        for inputs, (q, k, v) in sets.items():
+            q, k, v = (t.cuda() for t in (q, k, v))
+            exact = F.scaled_dot_product_attention(q, k, v)
+            for name, (prep, run) in kernels.items():
+                if name.endswith("kernel_only") or name == "flex":
+                    continue
+                try:
+                    o = run(prep(q.bfloat16(), k.bfloat16(), v.bfloat16()))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  accuracy {name}: failed {e!r}"[:300])
+                    continue
+                if name.startswith("fa3"):
+                    o = o.transpose(1, 2)
+                c, l1 = cos_rel(o.float(), exact)
+                kern, _, variant = name.partition(":")
+                for metric, val in (("cos", c), ("rel_l1", l1)):
+                    recs.append(dict(base, kernel=kern, variant=variant or None, head_dim=hd, seq_len=4096,
+                                     causal=False, batch=2, heads=16, inputs=inputs, metric=metric, value=val))
+                print(f"accuracy hd{hd} {inputs} {name}: cos {c:.5f} rel-L1 {l1:.4f}", flush=True)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(recs, f, indent=1)
+    chart(recs, a.out.replace(".json", ".png"))
+    print("wrote", a.out, flush=True)
+
+
+def chart(recs, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib missing, no chart")
+        return
+    tops = [r for r in recs if r["metric"] == "tops"]
+    combos = sorted({(r["head_dim"], r["causal"]) for r in tops}, key=lambda x: (-x[0], x[1]))
+    fig, axes = plt.subplots(1, len(combos), figsize=(5 * len(combos), 4), squeeze=False)
+    for ax, (hd, causal) in zip(axes[0], combos):
+        rs = [r for r in tops if r["head_dim"] == hd and r["causal"] == causal]
+        names = sorted({(r["kernel"] + (":" + r["variant"] if r["variant"] else "")) for r in rs})
+        seqs = sorted({r["seq_len"] for r in rs})
+        w = 0.8 / max(1, len(names))
+        for i, nm in enumerate(names):
+            vals = [next((r["value"] for r in rs if (r["kernel"] + (":" + r["variant"] if r["variant"] else "")) == nm
+                          and r["seq_len"] == s), 0) for s in seqs]
+            ax.bar([j + i * w for j in range(len(seqs))], vals, w, label=nm)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(seqs))], [f"{s // 1024}K" for s in seqs])
+        ax.set_title(f"hd{hd} {'causal' if causal else 'non-causal'}")
+        ax.set_ylabel("TOPS")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"{recs[0]['device']} attention forward")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
