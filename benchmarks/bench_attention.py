@@ -31,7 +31,7 @@ def _commit():
         return None
 
 
-def peers(hd, causal):
+def peers(hd, causal, with_flex=False):
     """name -> (prepare(q, k, v) -> state, run(state)); only what is installed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -46,6 +46,8 @@ def peers(hd, causal):
     out["sdpa_cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
     out["sdpa_flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
     try:
+        if not with_flex:
+            raise RuntimeError("skipped (--flex not given)")
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         flex = torch.compile(flex_attention, dynamic=False)
@@ -116,6 +118,7 @@ def main():
     p.add_argument("--dims", default="128,64")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape)")
     a = p.parse_args()
     dev = torch.cuda.get_device_name()
     base = dict(device=dev, torch=torch.__version__, triton=triton.__version__, commit=_commit(),
@@ -124,7 +127,7 @@ def main():
     t0 = time.time()
     for hd in (int(x) for x in a.dims.split(",")):
         for causal in (False, True):
-            kernels, notes = peers(hd, causal)
+            kernels, notes = peers(hd, causal, a.flex)
             for n in notes:
                 print("note:", n, flush=True)
             kernels.update(ours(causal))
@@ -138,7 +141,7 @@ def main():
                         s = prep(q, k, v)
                         ms = do_bench(lambda: run(s), warmup=25, rep=100)
                     except Exception as e:  # noqa: BLE001
-                        print(f"  {name} hd{hd} causal={causal} N={n}: failed {e!r}"[:300], flush=True)
+                        print(f"  {name} hd{hd} causal={causal} N={n}: failed {e!r}"[:200], flush=True)
                         continue
                     kern, _, variant = name.partition(":")
                     recs.append(dict(base, kernel=kern, variant=variant or None, head_dim=hd, seq_len=n, causal=causal,

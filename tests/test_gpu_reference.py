@@ -14,8 +14,14 @@ pytestmark = pytest.mark.gpu
 def test_cuda_reference_equals_cpu_reference(scheme):
     g = torch.Generator().manual_seed(0)
     q, k, v = outlier_inputs(1, 4, 300, 64, g, hkv=2)
-    cpu = sage_compile.attention(q, k, v, None, "bottom_right", None, "HND", scheme)
-    gpu = sage_compile.attention(q.cuda(), k.cuda(), v.cuda(), None, "bottom_right", None, "HND", scheme)
+    mod = getattr(sage_compile.reference, scheme)
+    extra = {"head_dim": 64} if scheme == "fp4" else {}
+
+    def run(*t):
+        return mod.attention(*mod.quantize(*t), None, "bottom_right", None, "HND", torch.float32, **extra)
+
+    cpu = run(q, k, v)
+    gpu = run(q.cuda(), k.cuda(), v.cuda())
     c, rel = cos_rel(gpu.cpu(), cpu)
     assert c > 0.99999 and rel < 1e-3, (c, rel)
 

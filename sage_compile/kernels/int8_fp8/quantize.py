@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ...reference.layout import to_hnd
 
-_RNE = 12582912.0  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
+_RNE = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
 # Triton's interpreter (TRITON_INTERPRET=1, the CPU test path) rounds fp32 -> e4m3 wrongly (no carry into
 # the exponent: 124 -> 64); there the kernels round to the e4m3 grid in fp32 first, so the cast is exact.
 EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
