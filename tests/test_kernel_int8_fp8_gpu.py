@@ -39,10 +39,12 @@ def test_prologue_bit_identical_on_gpu(d):
     got = KQ.quantize(q, k, v)
     mean = KQ.k_mean(k)
     want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v))
-    for a, b in zip(got, want):
+    names = ("q8", "qs", "k8", "ks", "v8", "vs")
+    for name, a, b in zip(names, got, want):
         a = a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a
         b = b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b
-        assert torch.equal(a, b)
+        bad = a != b
+        assert not bad.any(), f"{name}: {int(bad.sum())} of {a.numel()} differ, e.g. {a[bad][:5].tolist()} vs {b[bad][:5].tolist()}"
 
 
 @pytest.mark.parametrize("d", [64, 128])

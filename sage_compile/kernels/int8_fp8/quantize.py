@@ -22,6 +22,16 @@ EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
+def rne(y, EMULATE: tl.constexpr):
+    """Round fp32 to the nearest integer, ties to even (|y| < 2**22)."""
+    if EMULATE:
+        r = (y + _RNE) - _RNE
+    else:
+        r = tl.extra.cuda.libdevice.rint(y)
+    return r
+
+
+@triton.jit
 def to_e4m3(x, EMULATE: tl.constexpr):
     """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
     if EMULATE:
@@ -29,14 +39,13 @@ def to_e4m3(x, EMULATE: tl.constexpr):
         e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
         step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
         y = x / step
-        y = (y + 12582912.0) - 12582912.0
-        x = y * step
+        x = rne(y, EMULATE) * step
     return x.to(tl.float8e4nv)
 
 
 @triton.jit
 def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
-                     HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                     HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -55,7 +64,7 @@ def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
     safe = tl.where(scale == 0.0, 1.0, scale)
     y = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], x.shape))
     y = tl.where(scale[:, None] == 0.0, 0.0, y)
-    y = (y + _RNE) - _RNE
+    y = rne(y, EMULATE)
     y = tl.minimum(tl.maximum(y, -127.0), 127.0)
     y = tl.where(y != y, 0.0, y)
     tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y.to(tl.int8), mask=inb)
@@ -100,7 +109,7 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None):
     block_n = max(1, min(64, 8192 // block_d))
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
         x_hnd, mean if mean is not None else s, y, s, *x_hnd.stride(), h, n, d,
-        HAS_MEAN=mean is not None, BLOCK_N=block_n, BLOCK_D=block_d)
+        HAS_MEAN=mean is not None, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
     return y, s
 
 
