@@ -1,7 +1,9 @@
 """Reference quantizers (pure PyTorch, any device): the bit-level definition of every low-bit format.
 
 Every kernel's quantizer must produce exactly these bits given the same (smoothed) input
-(``shared/docs/conventions.md``, tolerance rule 1). Conventions:
+(``shared/docs/conventions.md``, tolerance rule 1), as computed **on the CPU**: torch on CUDA divides by a
+Python scalar through its reciprocal (``amax / 127`` can differ by an ulp), so a GPU run of this module
+is not the bit-level oracle (measured on the H200). Conventions:
 
 * All arithmetic in fp32. Scales are fp32 tensors (INT8, FP8) or ``float8_e4m3fn`` tensors (NVFP4).
 * Rounding is IEEE round-to-nearest-even with saturation (the CUDA ``cvt.rn[i].sat`` behaviour).
