@@ -1,9 +1,9 @@
 """Reference quantizers (pure PyTorch, any device): the bit-level definition of every low-bit format.
 
 Every kernel's quantizer must produce exactly these bits given the same (smoothed) input
-(``shared/docs/conventions.md``, tolerance rule 1), as computed **on the CPU**: torch on CUDA divides by a
-Python scalar through its reciprocal (``amax / 127`` can differ by an ulp), so a GPU run of this module
-is not the bit-level oracle (measured on the H200). Conventions:
+(``shared/docs/conventions.md``, tolerance rule 1). Scale divisions use a tensor divisor: torch on CUDA
+turns division by a Python scalar into a multiplication by its reciprocal (an ulp off, measured on the
+H200), which would make a GPU run of this module disagree with the CPU. Conventions:
 
 * All arithmetic in fp32. Scales are fp32 tensors (INT8, FP8) or ``float8_e4m3fn`` tensors (NVFP4).
 * Rounding is IEEE round-to-nearest-even with saturation (the CUDA ``cvt.rn[i].sat`` behaviour).
@@ -23,6 +23,12 @@ E2M1_MAX = 6.0
 INT8_MAX = 127.0
 # Positive E2M1 magnitudes, indexed by their 3-bit code (sign is bit 3 of the nibble).
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _div_exact(a: torch.Tensor, c: float) -> torch.Tensor:
+    """a / c correctly rounded on every device (torch on CUDA turns division by a Python scalar into a
+    multiplication by its reciprocal; a tensor divisor keeps IEEE division)."""
+    return a / torch.full_like(a, c)
 
 
 def _safe_div(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -86,7 +92,7 @@ def quant_int8(x: torch.Tensor, block: int = 1) -> tuple[torch.Tensor, torch.Ten
     # max() drops NaN on some paths; make NaN propagate explicitly.
     has_nan = torch.isnan(xp.unflatten(-2, (nblk, block))).any(dim=-1).any(dim=-1)
     amax = torch.where(has_nan, torch.full_like(amax, float("nan")), amax)
-    scale = amax / INT8_MAX
+    scale = _div_exact(amax, INT8_MAX)
     s_tok = scale.repeat_interleave(block, dim=-1)[..., :n, None]
     vals = torch.round(_safe_div(xf, s_tok)).clamp(-INT8_MAX, INT8_MAX)
     vals = torch.nan_to_num(vals, nan=0.0)  # NaN groups carry the NaN in their scale
@@ -119,7 +125,7 @@ def quant_fp8_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vf = v.float()
     amax = vf.abs().amax(dim=-2)
     amax = torch.where(torch.isnan(vf).any(dim=-2), torch.full_like(amax, float("nan")), amax)
-    scale = amax / E4M3_MAX
+    scale = _div_exact(amax, E4M3_MAX)
     vals = to_e4m3(_safe_div(vf, scale[..., None, :]))
     return vals.transpose(-1, -2).contiguous(), scale
 
@@ -180,7 +186,7 @@ def quant_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xb = x.float().unflatten(-1, (-1, 16))
     amax = xb.abs().amax(dim=-1)
     amax = torch.where(torch.isnan(xb).any(dim=-1), torch.full_like(amax, float("nan")), amax)
-    scale = to_e4m3(amax / E2M1_MAX)
+    scale = to_e4m3(_div_exact(amax, E2M1_MAX))
     sf = scale.float()
     inv = torch.where(sf == 0, torch.zeros_like(sf), 1.0 / torch.where(sf == 0, torch.ones_like(sf), sf))
     y = xb * inv[..., None]

@@ -116,7 +116,8 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None):
 def quant_v_fp8(v_hnd: torch.Tensor):
     """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,N), fp32 scales (B,H,D))."""
     b, h, n, d = v_hnd.shape
-    scale = (v_hnd.abs().amax(dim=-2).float() / 448.0).contiguous()
+    amax = v_hnd.abs().amax(dim=-2).float()
+    scale = (amax / torch.full_like(amax, 448.0)).contiguous()  # IEEE division (see reference.quant)
     y = torch.empty((b, h, d, n), dtype=torch.float8_e4m3fn, device=v_hnd.device)
     block_d = max(16, triton.next_power_of_2(d))
     block_n = max(1, min(64, 8192 // block_d))
