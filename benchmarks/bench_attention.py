@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 def _commit():
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(__file__)).stdout.strip() or None
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(__file__)).stdout.strip()
+        return out if len(out) == 40 else os.environ.get("SAGE_COMPILE_COMMIT")  # the GPU copy has no .git
     except OSError:
         return None
 
