@@ -34,12 +34,13 @@ class UnsupportedSite(RuntimeError):
 
 def auto_scheme(device_type: str, needs_grad: bool) -> str:
     """``auto``: on CUDA the fastest scheme meeting the accuracy goals; on CPU ``exact`` (no CPU
-    emulation beats SDPA). Until a CUDA kernel is registered, the CUDA choice is ``exact`` as well."""
+    emulation beats SDPA). A kernel is eligible only once it is registered as faster than SDPA
+    (``ops.register_impl(..., auto=True)``); until then the CUDA choice is ``exact`` too."""
     if needs_grad or device_type != "cuda":
         return "exact"
     from . import ops
 
-    return "int8_fp8" if ops.has_fast_impl("int8_fp8", device_type) else "exact"
+    return "int8_fp8" if ops.auto_enabled("int8_fp8", device_type) else "exact"
 
 
 def decide(site, config, device_type: str) -> Decision:

@@ -21,4 +21,7 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None and _capability_ok((8, 9)):
     from . import int8_fp8
 
-    ops.register_impl("int8_fp8", "cuda", int8_fp8.impl)
+    # auto=False: on the H200 the Triton kernel (584 TOPS hd128 16K kernel-only, 555 with its prologue)
+    # is still slower than SDPA cuDNN (628) (benchmarks/results/attention_h200.json), so ``auto`` keeps
+    # SDPA there; ``kernel="int8_fp8"`` selects it explicitly.
+    ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
