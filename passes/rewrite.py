@@ -47,6 +47,10 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
     """Rewrite every site whose decision carries a scheme; returns the number replaced."""
     graph = getattr(gm, "graph", gm)
     ops = torch.ops.sage_compile
+    if options is None:
+        from sage_compile.config import Options
+
+        options = Options()
     n_done = 0
     for site, dec in zip(sites, decisions):
         if dec.scheme is None:
@@ -69,7 +73,8 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
             scale = _scale_arg(graph, site, emit)
             out_dtype = val(site.q).dtype
             if dec.scheme == "int8_fp8":
-                qt = emit("call_function", ops.quantize_int8_fp8.default, (q, k, v, site.layout))
+                qt = emit("call_function", ops.quantize_int8_fp8.default,
+                          (q, k, v, site.layout, options.int8_channel_rescale))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
                 out = emit("call_function", ops.attention_int8_fp8.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype))

@@ -115,13 +115,15 @@ def _contig(ts):
 
 # ------------------------------------------------------------------------------------------ int8_fp8
 @torch.library.custom_op("sage_compile::quantize_int8_fp8", mutates_args=())
-def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """SageAttention2 prologue: K smoothing, per-token INT8 Q/K, per-channel FP8 V (transposed)."""
-    return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout))
+def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str,
+                      channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """SageAttention2 prologue: K smoothing, (optional Q/K channel balancing), per-token INT8 Q/K,
+    per-channel FP8 V (transposed)."""
+    return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
 
 
 @quantize_int8_fp8.register_fake
-def _(q, k, v, layout):
+def _(q, k, v, layout, channel_rescale=False):
     b, hq, nq, d = _hnd(q, layout)
     _, hkv, nk, _ = _hnd(k, layout)
     e = q.new_empty
@@ -218,14 +220,15 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
     ops = torch.ops.sage_compile
     if scheme == "exact":
         return _exact.attention(q, k, v, attn_mask, causal, scale, layout)
+    from .config import Options
+
+    o = options or Options()
     if scheme == "int8_fp8":
-        return ops.attention_int8_fp8(*ops.quantize_int8_fp8(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
+        qt = ops.quantize_int8_fp8(q, k, v, layout, o.int8_channel_rescale)
+        return ops.attention_int8_fp8(*qt, attn_mask, causal, scale, layout, q.dtype)
     if scheme == "int8_fp16":
         return ops.attention_int8_fp16(*ops.quantize_int8_fp16(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
     if scheme == "fp4":
-        from .config import Options
-
-        o = options or Options()
         qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth)
         return ops.attention_fp4(*qt, attn_mask, causal, scale, layout, q.dtype, q.shape[-1], o.fp4_p_scale)
     raise ValueError(f"sage_compile: unknown or unimplemented scheme {scheme!r}")

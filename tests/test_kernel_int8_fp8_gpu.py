@@ -76,13 +76,18 @@ def test_accuracy_vs_fp32_and_reference(d, causal, inputs):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_outlier_goal_of_issue_3(d):
-    """Issue 3's outlier goal (cos >= 0.998, rel-L1 <= 0.06): needs the Q/K channel rescaling."""
+    """Issue 3's outlier goal (cos >= 0.998, rel-L1 <= 0.06), reached with the Q/K channel balancing
+    (per-token scales alone measured cos 0.9978/0.9975, rel-L1 0.062/0.068 on the H200)."""
     KQ, KA = _kernels()
     q, k, v = (t.cuda() for t in _sets(d)["outlier"])
     exact = F.scaled_dot_product_attention(q, k, v)
-    out = KA.attention(*KQ.quantize(q.bfloat16(), k.bfloat16(), v.bfloat16()), None, "none", None, "HND", torch.bfloat16)
-    c, l1 = cos_rel(out.float(), exact)
-    print(f"\noutlier d={d}: cos {c:.5f} rel-L1 {l1:.4f}")
+    res = {}
+    for rescale in (False, True):
+        qt = KQ.quantize(q.bfloat16(), k.bfloat16(), v.bfloat16(), "HND", rescale)
+        out = KA.attention(*qt, None, "none", None, "HND", torch.bfloat16)
+        res[rescale] = cos_rel(out.float(), exact)
+    print(f"\noutlier d={d}: per-token {res[False]} | channel-balanced {res[True]}")
+    c, l1 = res[True]
     assert c >= 0.998 and l1 <= 0.06
 
 

@@ -68,3 +68,12 @@ def test_core_masks_and_nhd_output(kind):
     ref = R.attention(*qt, mask, "none", 0.2, "NHD", torch.bfloat16)
     assert out.shape == (1, 150, 4, 64) and out.dtype == torch.bfloat16
     assert ((out.float() - ref.float()).abs().sum() / ref.float().abs().sum()).item() < 5e-3
+
+
+def test_prologue_with_channel_rescale_bit_identical():
+    q, k, v = _inputs()
+    got = KQ.quantize(q, k, v, "HND", True)
+    qf, ksm = R.rescale_channels(q.float(), k.float() - KQ.k_mean(k)[..., None, :])
+    want = (*Q.quant_int8(qf, 1), *Q.quant_int8(ksm, 1))
+    for a, b in zip(got[:4], want):
+        assert torch.equal(a, b)

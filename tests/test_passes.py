@@ -253,3 +253,18 @@ def test_dump_dir_and_report(tmp_path):
     assert "sage_compile.attention_int8_fp8" in after and "sage_compile.quantize_int8_fp8" in after
     txt = next(dump.glob("*_report.txt")).read_text()
     assert "replaced 1/1" in txt and "test_passes.py" in txt and "NHD" in txt
+
+
+def test_options_reach_the_ops():
+    q, k, v = qkv(n=64)
+    q = q * 3
+    k[..., :4] *= 8
+    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    with torch.no_grad():
+        out = torch.compile(f, backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8",
+                                                                 int8_channel_rescale=True))(q, k, v)
+    from sage_compile.reference import int8_fp8
+
+    want = int8_fp8.attention(*int8_fp8.quantize(q, k, v, "HND", True), None, "none", None, "HND", q.dtype)
+    plain = int8_fp8.attention(*int8_fp8.quantize(q, k, v), None, "none", None, "HND", q.dtype)
+    assert torch.equal(out, want) and not torch.equal(out, plain)

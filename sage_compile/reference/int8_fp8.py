@@ -15,24 +15,37 @@ import torch
 
 from . import engine
 from .layout import from_hnd, to_hnd
-from .quant import quant_fp8_v, quant_int8, smooth_k, to_e4m3
+from .quant import channel_balance, quant_fp8_v, quant_int8, smooth_k, to_e4m3
 
 BLOCK_N = 128
 P_OFFSET = math.log2(448.0)
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
     """Prologue. q ``(B, Hq, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` in ``layout``; inputs are never modified.
+
+    ``channel_rescale``: balance per-channel ranges between Q and smoothed K before quantizing
+    (:func:`~sage_compile.reference.quant.channel_balance`; exact in real arithmetic, it moves K's outlier
+    channels into Q, where per-token scales absorb them).
 
     Returns ``(q8 (B,Hq,Nq,D) int8, qs (B,Hq,Nq) f32, k8 (B,Hkv,Nk,D) int8, ks (B,Hkv,Nk) f32,
     v8 (B,Hkv,D,Nk) float8_e4m3fn, vs (B,Hkv,D) f32)``.
     """
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     ksm, _ = smooth_k(k)
-    q8, qs = quant_int8(q, 1)
+    qf = q.float()
+    if channel_rescale:
+        qf, ksm = rescale_channels(qf, ksm)
+    q8, qs = quant_int8(qf, 1)
     k8, ks = quant_int8(ksm, 1)
     v8, vs = quant_fp8_v(v)
     return q8, qs, k8, ks, v8, vs
+
+
+def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q·diag(s), K·diag(1/s)) with s from :func:`channel_balance` (fp32 in, fp32 out)."""
+    s = channel_balance(qf, ksm)
+    return qf * engine.gqa_expand(s, qf.shape[1]), ksm / s
 
 
 def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],

@@ -71,6 +71,25 @@ def smooth_q_blocks(q: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, to
     return qf - qbar.repeat_interleave(block, dim=-2)[..., :n, :], qbar
 
 
+def channel_balance(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Per-channel factors s that move K's outlier channels into Q: S = (Q·diag(s))·(K·diag(1/s))ᵀ.
+
+    s[c] = sqrt(amax_K[c] / amax_Q[c]) per (batch, kv head) (SmoothQuant with α = 0.5), the Q amax taken
+    over every query head that shares the kv head (GQA); 1 where either amax is 0 or not finite.
+
+    Args:
+        q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)`` (already smoothed), both fp32.
+    Returns:
+        ``(B, Hkv, 1, D)`` fp32.
+    """
+    b, hq, nq, d = q.shape
+    hkv = k.shape[1]
+    aq = q.unflatten(1, (hkv, hq // hkv)).abs().amax(dim=(2, 3))[:, :, None, :]
+    ak = k.abs().amax(dim=-2, keepdim=True)
+    ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
+    return torch.where(ok, torch.sqrt(ak / torch.where(ok, aq, torch.ones_like(aq))), torch.ones_like(aq))
+
+
 # ----------------------------------------------------------------------------------------- INT8
 def quant_int8(x: torch.Tensor, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric INT8 quantization with one scale per ``block`` consecutive tokens (all D channels).

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...reference.int8_fp8 import rescale_channels
 from ...reference.layout import to_hnd
 
 _RNE = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
@@ -126,10 +127,18 @@ def quant_v_fp8(v_hnd: torch.Tensor):
     return y, scale
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
-    """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified."""
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
+    """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
+
+    With ``channel_rescale`` the smoothing and rescaling run as torch ops (an extra pass over Q and K,
+    not yet fused into the Triton pass) before the same INT8 kernel."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    q8, qs = quant_rows_int8(q)
-    k8, ks = quant_rows_int8(k, k_mean(k).contiguous())
+    if channel_rescale:
+        qf, ksm = rescale_channels(q.float(), k.float() - k_mean(k)[..., None, :])
+        q8, qs = quant_rows_int8(qf)
+        k8, ks = quant_rows_int8(ksm)
+    else:
+        q8, qs = quant_rows_int8(q)
+        k8, ks = quant_rows_int8(k, k_mean(k).contiguous())
     v8, vs = quant_v_fp8(v)
     return q8, qs, k8, ks, v8, vs
