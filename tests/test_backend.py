@@ -153,3 +153,15 @@ def test_eager_context_manager():
         x = torch.randn(1, 64, 16, generator=g)
         with torch.no_grad():
             assert cos_rel(m(x), torch.compile(m, backend="eager")(x))[0] > 0.999
+
+
+def test_dynamic_shapes_compile_once():
+    """dynamic=True: three sequence lengths and two batch sizes run one compiled graph (no recompile)."""
+    m = sage_compile.models.TinyLlama(dim=64, heads=4, kv_heads=2, depth=1).eval()
+    c = torch.compile(m, backend=sage_compile.make_backend(kernel="int8_fp8"), dynamic=True)
+    with torch.no_grad():
+        for b, n in ((2, 40), (2, 77), (3, 130)):
+            ids = torch.randint(0, 512, (b, n))
+            assert cos_rel(c(ids), m(ids))[0] > 0.9999
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["sage_compile"]["replaced"] >= 1 and counters["sage_compile"]["kept"] == 0
