@@ -95,16 +95,24 @@ def peers(hd, causal, with_flex=False):
     return out, notes
 
 
-def ours(causal):
-    from sage_compile.kernels.int8_fp8 import attention as KA
-    from sage_compile.kernels.int8_fp8 import quantize as KQ
+def ours(causal, schemes=("int8_fp8", "fp4")):
+    """Our kernels, kernel-only (inputs already quantized) and with the prologue."""
+    import importlib
 
     c = "top_left" if causal else "none"
-    kernel_only = ((lambda q, k, v: KQ.quantize(q, k, v)),
-                   lambda s: KA.attention(*s, None, c, None, "HND", torch.bfloat16))
-    with_prologue = ((lambda q, k, v: (q, k, v)),
-                     lambda s: KA.attention(*KQ.quantize(*s), None, c, None, "HND", torch.bfloat16))
-    return {"sage_int8_fp8:kernel_only": kernel_only, "sage_int8_fp8:with_prologue": with_prologue}
+    out = {}
+    for scheme in schemes:
+        KQ = importlib.import_module(f"sage_compile.kernels.{scheme}.quantize")
+        KA = importlib.import_module(f"sage_compile.kernels.{scheme}.attention")
+        extra = (lambda q: (q.shape[-1],)) if scheme == "fp4" else (lambda q: ())
+        out[f"sage_{scheme}:kernel_only"] = (
+            (lambda q, k, v, KQ=KQ, extra=extra: (KQ.quantize(q, k, v), extra(q))),
+            lambda s, KA=KA: KA.attention(*s[0], None, c, None, "HND", torch.bfloat16, *s[1]))
+        out[f"sage_{scheme}:with_prologue"] = (
+            (lambda q, k, v: (q, k, v)),
+            lambda s, KQ=KQ, KA=KA, extra=extra: KA.attention(*KQ.quantize(*s), None, c, None, "HND",
+                                                               torch.bfloat16, *extra(s[0])))
+    return out
 
 
 def main():
@@ -120,6 +128,7 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape)")
+    p.add_argument("--schemes", default="int8_fp8,fp4", help="our schemes to time")
     a = p.parse_args()
     dev = torch.cuda.get_device_name()
     base = dict(device=dev, torch=torch.__version__, triton=triton.__version__, commit=_commit(),
@@ -131,7 +140,7 @@ def main():
             kernels, notes = peers(hd, causal, a.flex)
             for n in notes:
                 print("note:", n, flush=True)
-            kernels.update(ours(causal))
+            kernels.update(ours(causal, a.schemes.split(",")))
             for n in (int(x) for x in a.seqs.split(",")):
                 b = a.batch if n <= 16384 else 2
                 q, k, v = (torch.randn(b, a.heads, n, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -156,7 +165,7 @@ def main():
         sets = {"gaussian": tuple(torch.randn(2, 16, 4096, hd, generator=g) for _ in range(3)),
                 "outlier": outlier_inputs(2, 16, 4096, hd, g)}
         kernels, _ = peers(hd, False)
-        kernels.update(ours(False))
+        kernels.update(ours(False, a.schemes.split(",")))
         for inputs, (q, k, v) in sets.items():
             q, k, v = (t.cuda() for t in (q, k, v))
             exact = F.scaled_dot_product_attention(q, k, v)

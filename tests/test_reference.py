@@ -131,7 +131,7 @@ def test_fp4_head_dim_padding_and_options(rng):
         assert cos_rel(outs[p_scale], ref)[0] > 0.97
     assert not torch.equal(outs["unrounded"], outs["rounded"])
     for smooth in ("k", "none"):
-        o = fp4.attention(*fp4.quantize(q, k, v, smooth=smooth), None, "none", None, "HND", torch.float32, 40)
+        o = fp4.attention(*fp4.quantize(q, k, v, smooth_mode=smooth), None, "none", None, "HND", torch.float32, 40)
         assert cos_rel(o, ref)[0] > 0.9
 
 

@@ -32,12 +32,11 @@ def _pad_last(x: torch.Tensor, mult: int) -> torch.Tensor:
     return F.pad(x, (0, pad)) if pad else x
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth: str = "qk"):
-    """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,D,Nk16/2) u8,
-    vsc (B,Hkv,D,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/128),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
-    rounded up to 16. ``smooth`` in ``qk | k | none`` (ablations); ``delta_s`` in ``fp32 | input``."""
-    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str = "fp32", smooth: str = "qk"):
+    """The smoothing half of the prologue (fp32): ``(q − q̄_block, k − mean, ΔS = q̄·(k − mean)ᵀ)``, with Q
+    and K zero-padded along the head dim to a multiple of 16. ``smooth`` in ``qk | k | none``
+    (ablations); ``delta_s`` in ``fp32 | input`` (upstream rounds ΔS to the input dtype)."""
+    q, k = to_hnd(q, layout), to_hnd(k, layout)
     b, hq, lq, d = q.shape
     ksm = smooth_k(k)[0] if smooth in ("qk", "k") else k.float()
     if smooth == "qk":
@@ -50,9 +49,25 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     else:
         qsm = q.float()
         ds = torch.zeros((b, hq, -(-lq // BLOCK_M), k.shape[2]), device=q.device)
-    qp, qsc = quant_nvfp4(_pad_last(qsm, GROUP))
-    kp, ksc = quant_nvfp4(_pad_last(ksm, GROUP))
-    vp, vsc = quant_nvfp4(_pad_last(v.float().transpose(-1, -2), GROUP))
+    return _pad_last(qsm, GROUP), _pad_last(ksm, GROUP), ds
+
+
+def v_transposed(v: torch.Tensor, layout: str = "HND") -> torch.Tensor:
+    """V as ``(B, H, Dp, Nk16)`` fp32: transposed, head dim and tokens zero-padded to multiples of 16."""
+    vt = to_hnd(v, layout).float().transpose(-1, -2)
+    d = vt.shape[-2]
+    return F.pad(vt, (0, (-vt.shape[-1]) % GROUP, 0, (-d) % GROUP))
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
+             smooth_mode: str = "qk"):
+    """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,Dp,Nk16/2) u8,
+    vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/128),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
+    rounded up to 16. See :func:`smooth` for the options."""
+    qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode)
+    qp, qsc = quant_nvfp4(qsm)
+    kp, ksc = quant_nvfp4(ksm)
+    vp, vsc = quant_nvfp4(v_transposed(v, layout))
     return qp, qsc, kp, ksc, vp, vsc, ds
 
 

@@ -7,42 +7,13 @@ Triton pass over each of Q, K and V.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ...reference.int8_fp8 import rescale_channels
+from .._common import EMULATE_FP8, rne, to_e4m3
 from ...reference.layout import to_hnd
-
-_RNE = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
-# Triton's interpreter (TRITON_INTERPRET=1, the CPU test path) rounds fp32 -> e4m3 wrongly (no carry into
-# the exponent: 124 -> 64); there the kernels round to the e4m3 grid in fp32 first, so the cast is exact.
-EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-@triton.jit
-def rne(y, EMULATE: tl.constexpr):
-    """Round fp32 to the nearest integer, ties to even (|y| < 2**22)."""
-    if EMULATE:
-        r = (y + _RNE) - _RNE
-    else:
-        r = tl.extra.cuda.libdevice.rint(y)
-    return r
-
-
-@triton.jit
-def to_e4m3(x, EMULATE: tl.constexpr):
-    """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
-    if EMULATE:
-        bits = x.to(tl.int32, bitcast=True)
-        e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
-        step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
-        y = x / step
-        x = rne(y, EMULATE) * step
-    return x.to(tl.float8e4nv)
-
 
 @triton.jit
 def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,

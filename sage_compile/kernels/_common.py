@@ -1,0 +1,62 @@
+"""Triton helpers shared by the kernels: exact rounding (RNE), the fp8 E4M3 cast, the E2M1 grid.
+
+Triton's interpreter (``TRITON_INTERPRET=1``, the CPU test path) rounds fp32 -> e4m3 wrongly (no carry
+into the exponent: 124 -> 64) and has no libdevice; there (``EMULATE``) the helpers round in fp32
+arithmetic first so every cast is exact. Compiled kernels use the hardware conversions.
+"""
+import os
+
+import triton
+import triton.language as tl
+
+EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_RNE = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
+
+
+@triton.jit
+def rne(y, EMULATE: tl.constexpr):
+    """Round fp32 to the nearest integer, ties to even (|y| < 2**22)."""
+    if EMULATE:
+        r = (y + _RNE) - _RNE
+    else:
+        r = tl.extra.cuda.libdevice.rint(y)
+    return r
+
+
+@triton.jit
+def to_e4m3(x, EMULATE: tl.constexpr):
+    """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
+    if EMULATE:
+        bits = x.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
+        step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
+        y = x / step
+        x = rne(y, EMULATE) * step
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def round_e2m1(y, EMULATE: tl.constexpr):
+    """fp32 -> nearest E2M1 value {0, .5, 1, 1.5, 2, 3, 4, 6} (RNE on ties, saturating at ±6), as fp32."""
+    a = tl.minimum(tl.abs(y), 6.0)
+    r = tl.where(a < 2.0, rne(a * 2.0, EMULATE) * 0.5,
+                 tl.where(a < 4.0, rne(a, EMULATE), rne(a * 0.5, EMULATE) * 2.0))
+    neg = ((y.to(tl.int32, bitcast=True) >> 31) & 1) != 0  # copysign: -0.0 stays negative, as the reference
+    return tl.where(neg, -r, r)
+
+
+@triton.jit
+def e2m1_code(r):
+    """Exact E2M1 value (fp32) -> 4-bit code (int32): magnitude index in bits 0-2, sign in bit 3."""
+    a = tl.abs(r)
+    mag = tl.where(a < 2.0, a * 2.0, tl.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).to(tl.int32)
+    sign = (r.to(tl.int32, bitcast=True) >> 31) & 1  # the sign bit, so -0.0 keeps it (as the reference)
+    return mag | (sign << 3)
+
+
+@triton.jit
+def e2m1_value(code):
+    """4-bit code (int32) -> fp32 value."""
+    m = (code & 7).to(tl.float32)
+    mag = tl.where(m < 4.0, m * 0.5, tl.where(m < 6.0, m - 2.0, (m - 4.0) * 2.0))
+    return tl.where((code & 8) != 0, -mag, mag)

@@ -1,0 +1,168 @@
+"""Triton core of ``fp4`` (SageAttention3 NVFP4 numerics, exact on Hopper; numerics.md §3, §7.3(a)).
+
+Hopper has no FP4 tensor cores: every NVFP4 operand is dequantized in registers to bf16 — exactly, since
+each E2M1 x E4M3 product is a bf16 value — and multiplied on bf16 tensor cores with fp32 accumulation,
+so the kernel computes what a Blackwell block-scaled FP4 MMA computes (up to accumulation order) at bf16
+speed: storage is 4.5 bits per value, the arithmetic is not faster than bf16.
+Per 128-key tile: S = ΔS + deq(Q)·deq(K)ᵀ; online softmax with the running row max mapped to 448·6
+(level 1); per 16-key group s_P = max P̃ / 6 rounded to E4M3, P̂ = E2M1(P̃ / s) (level 2; dividing by the
+unrounded s as upstream, or by the rounded one with ``p_scale="rounded"``); P̂·s_P times deq(V) added to
+an fp32 accumulator. Reference: :mod:`sage_compile.reference.fp4` (same tiling, BLOCK_N = 128).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ...reference.layout import out_shape
+from .._common import EMULATE_FP8, e2m1_value, round_e2m1, to_e4m3
+
+LOG2E = 1.4426950408889634
+P_OFF = math.log2(448.0 * 6.0)
+BLOCK_N = 128
+_CAUSAL = {"none": 0, "top_left": 1, "bottom_right": 2}
+
+
+@triton.jit
+def _deq(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
+    """Dequantize an (R, C) NVFP4 tile: packed bytes P[rows, col0 : col0 + C/2], scales S[rows, col0/8 ...]."""
+    cols_p = col0 + tl.arange(0, C // 2)
+    pk = tl.load(P + rows[:, None] * sp + cols_p[None, :], mask=(rows[:, None] < NROWS) & (cols_p[None, :] < NCOLS_P),
+                 other=0).to(tl.int32)
+    vals = tl.reshape(tl.join(e2m1_value(pk & 15), e2m1_value(pk >> 4)), (R, C))
+    cs = col0 // 8 + tl.arange(0, C // 16)
+    sc = tl.load(S + rows[:, None] * ss + cs[None, :], mask=(rows[:, None] < NROWS) & (cs[None, :] < NCOLS_P // 8),
+                 other=0.0).to(tl.float32)
+    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc[:, :, None], (R, C))
+
+
+@triton.jit
+def _mma_in(x, EMULATE: tl.constexpr):
+    """bf16 tensor-core operand (exact for dequantized NVFP4 values). The interpreter's bf16 dot is not
+    usable (it multiplies raw bits), so there the operands stay fp32: the same exact values."""
+    if EMULATE:
+        y = x
+    else:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
+              H, GROUP, LQ, LK, DP, DV, NK16, NBLK,
+              smb, smh, smq, smk, sob, soh, son,
+              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, P_ROUNDED: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_OFF: tl.constexpr,
+              EMULATE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    q = _mma_in(_deq(QP + bh * LQ * (DP // 2), QS + bh * LQ * (DP // 16), offs_m, 0, LQ, DP // 2, DP // 2,
+                     DP // 16, BLOCK_M, BLOCK_D), EMULATE)
+    KP = KP + bhk * LK * (DP // 2)
+    KS = KS + bhk * LK * (DP // 16)
+    VP = VP + bhk * DP * (NK16 // 2)
+    VS = VS + bhk * DP * (NK16 // 16)
+    DS = DS + bh * NBLK * LK
+    MASK = MASK + b * smb + h * smh
+    rd = tl.arange(0, BLOCK_D)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    off = 0
+    if CAUSAL == 2:
+        off = LK - LQ
+    hi = LK
+    if CAUSAL != 0:
+        hi = tl.minimum(LK, tl.maximum(0, m0 + BLOCK_M + off))
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _mma_in(_deq(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D), EMULATE)
+        ds = tl.load(DS + (offs_m // 128)[:, None] * LK + offs_n[None, :],
+                     mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
+        z = (ds + tl.dot(q, tl.trans(k))) * c
+        keep = (offs_n[None, :] < LK) & (offs_m[:, None] >= 0)
+        if CAUSAL == 1:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
+        if CAUSAL == 2:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None] + off)
+        if MASK_KIND == 1:
+            mk = tl.load(MASK + offs_m[:, None] * smq + offs_n[None, :] * smk,
+                         mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0)
+            keep = keep & (mk != 0)
+        if MASK_KIND == 2:
+            mk = tl.load(MASK + offs_m[:, None] * smq + offs_n[None, :] * smk,
+                         mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
+            z = z + mk.to(tl.float32) * 1.4426950408889634
+        z = tl.where(keep, z, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(z, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(z - m_use[:, None] + P_OFF)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # two-level P quantization: per 16-key group, E4M3 scale of max/6, E2M1 values
+        pg = tl.reshape(p, (BLOCK_M, BLOCK_N // 16, 16))
+        sp = tl.math.div_rn(tl.max(pg, axis=2), tl.full((BLOCK_M, BLOCK_N // 16), 6.0, tl.float32))
+        sp8 = to_e4m3(tl.minimum(sp, 448.0), EMULATE).to(tl.float32)
+        if P_ROUNDED:
+            div = sp8
+        else:
+            div = sp
+        y = tl.math.div_rn(pg, tl.broadcast_to(tl.where(div > 0, div, 1.0)[:, :, None], pg.shape))
+        y = tl.where(div[:, :, None] > 0, y, 0.0)
+        pq = _mma_in(tl.reshape(round_e2m1(y, EMULATE) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
+        v = _mma_in(_deq(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N), EMULATE)
+        acc = acc * alpha[:, None] + tl.dot(pq, tl.trans(v))
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_safe[:, None])
+    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], o.to(OUT.dtype.element_ty),
+             mask=(offs_m[:, None] < LQ) & (rd[None, :] < DV))
+
+
+def _configs():
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
+            for bm, w, s in ((128, 8, 2), (128, 8, 3), (64, 4, 2), (64, 4, 3))]
+
+
+_fwd = triton.autotune(configs=_configs(), key=["DP", "CAUSAL", "MASK_KIND", "P_ROUNDED"])(_fwd_body)
+
+
+def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
+              scale: Optional[float], layout: str, out_dtype: torch.dtype, head_dim: int,
+              p_scale: str = "unrounded", config: Optional[dict] = None) -> torch.Tensor:
+    """Same contract as :func:`sage_compile.reference.fp4.attention` (inputs from ``quantize``)."""
+    b, hq, lq, dp2 = qp.shape
+    hkv, lk = kp.shape[1], kp.shape[2]
+    dp, nk16 = 2 * dp2, 2 * vp.shape[-1]
+    c = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
+    out = torch.empty(out_shape(b, hq, lq, head_dim, layout), dtype=out_dtype, device=qp.device)
+    so = out.stride()
+    sob, soh, son = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
+    qp, qsc, kp, ksc, vp, vsc, ds = (t.contiguous() for t in (qp, qsc, kp, ksc, vp, vsc, ds))
+    if attn_mask is None:
+        mask, kind, ms = ds, 0, (0, 0, 0, 0)
+    else:
+        kind = 1 if attn_mask.dtype == torch.bool else 2
+        mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
+        ms = mask.stride()
+    block_d = max(16, triton.next_power_of_2(dp))
+    args = (qp, qsc, kp, ksc, vp, vsc, ds, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
+            *ms, sob, soh, son)
+    meta = dict(CAUSAL=_CAUSAL[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
+                BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8)
+    if config is not None:
+        bm = config["BLOCK_M"]
+        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
+                                                 num_stages=config.get("num_stages", 2))
+    else:
+        _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+    return out

@@ -1,0 +1,71 @@
+"""fp4 (NVFP4) Triton kernels on CPU under TRITON_INTERPRET=1: the quantizer is bit-identical to the
+reference (random and adversarial inputs), the core matches the reference to accumulation noise."""
+import os
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_fp4_gpu.py)", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from sage_compile.kernels import _common  # noqa: E402
+from sage_compile.kernels.fp4 import attention as KA  # noqa: E402
+from sage_compile.kernels.fp4 import quantize as KQ  # noqa: E402
+from sage_compile.reference import fp4 as R  # noqa: E402
+from sage_compile.reference import quant as Q  # noqa: E402
+
+if not _common.EMULATE_FP8:
+    pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def test_quantizer_bit_identical_adversarial():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 37, 64, generator=g) * torch.logspace(-4, 4, 37)[:, None]
+    x[0, 0, 0, :16] = 0                      # zero block
+    x[0, 0, 1, 3] = 3000                     # past 6*448: scale saturates, values clip
+    x[0, 0, 2, :] = 0.5                      # flat block
+    x[0, 1, 0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5, 6, 7, -1e-9, 1e-9, 0, 1.0])
+    x[1, 2, 5, 16:32] = 0.004                # scale rounds to an E4M3 subnormal / zero
+    got, want = KQ.quant_nvfp4(x), Q.quant_nvfp4(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(_bits(got[1]), _bits(want[1]))
+
+
+@pytest.mark.parametrize("d,lk", [(64, 130), (40, 77)])
+def test_prologue_bit_identical(d, lk):
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(1, 4, 150, d, generator=g).bfloat16()
+    k = (torch.randn(1, 2, lk, d, generator=g) + 3 * torch.randn(1, 2, 1, d, generator=g)).bfloat16()
+    v = torch.randn(1, 2, lk, d, generator=g).bfloat16()
+    for a, b in zip(KQ.quantize(q, k, v), R.quantize(q, k, v)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
+@pytest.mark.parametrize("p_scale", ["unrounded", "rounded"])
+def test_core_matches_reference(causal, p_scale):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4 if i == 0 else 2, 150 if i == 0 else 200, 64, generator=g).bfloat16() for i in range(3))
+    qt = R.quantize(q, k, v)
+    out = KA.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale, config=dict(BLOCK_M=64))
+    ref = R.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale)
+    assert torch.isfinite(out).all()
+    assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_core_masks_padded_head_dim_nhd(kind):
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 70, 2, 40, generator=g) for _ in range(3))  # NHD, head dim 40 -> 48
+    qt = R.quantize(q, k, v, "NHD")
+    mask = torch.rand(2, 1, 70, 70, generator=g) > 0.4 if kind == "bool" else torch.randn(2, 2, 1, 70, generator=g)
+    out = KA.attention(*qt, mask, "none", 0.3, "NHD", torch.bfloat16, 40, config=dict(BLOCK_M=64))
+    ref = R.attention(*qt, mask, "none", 0.3, "NHD", torch.bfloat16, 40)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert ((out.float() - ref.float()).abs().sum() / ref.float().abs().sum()).item() < 5e-3
