@@ -8,7 +8,6 @@ operand leave the site alone (reported with the reason).
 """
 from __future__ import annotations
 
-import math
 import operator
 import re
 from typing import Optional

@@ -16,7 +16,6 @@ import logging
 import os
 import re
 
-import torch
 
 log = logging.getLogger("sage_compile")
 _graph_ids = itertools.count()

@@ -6,8 +6,11 @@ arithmetic first so every cast is exact. Compiled kernels use the hardware conve
 """
 import os
 
+import torch
 import triton
 import triton.language as tl
+
+from ..reference.layout import out_shape
 
 EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _RNE = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + c) - c rounds |x| < 2**22 to the nearest integer, ties to even
@@ -60,3 +63,22 @@ def e2m1_value(code):
     m = (code & 7).to(tl.float32)
     mag = tl.where(m < 4.0, m * 0.5, tl.where(m < 6.0, m - 2.0, (m - 4.0) * 2.0))
     return tl.where((code & 8) != 0, -mag, mag)
+
+
+CAUSAL_CODES = {"none": 0, "top_left": 1, "bottom_right": 2}
+
+
+def output_and_mask(b, hq, lq, lk, d_out, layout, out_dtype, attn_mask, device, dummy):
+    """Allocate the output in ``layout`` and describe the mask for a kernel launch.
+
+    Returns ``(out, (stride_b, stride_h, stride_n) of out, mask tensor, MASK_KIND, mask strides)``:
+    MASK_KIND 0 none (``dummy`` stands in), 1 bool (read as uint8), 2 additive; the mask is expanded to
+    ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
+    out = torch.empty(out_shape(b, hq, lq, d_out, layout), dtype=out_dtype, device=device)
+    so = out.stride()
+    strides = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
+    if attn_mask is None:
+        return out, strides, dummy, 0, (0, 0, 0, 0)
+    kind = 1 if attn_mask.dtype == torch.bool else 2
+    mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
+    return out, strides, mask, kind, mask.stride()

@@ -18,13 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...reference.layout import out_shape
-from .._common import EMULATE_FP8, e2m1_value, round_e2m1, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_value, output_and_mask, round_e2m1, to_e4m3
 
 LOG2E = 1.4426950408889634
 P_OFF = math.log2(448.0 * 6.0)
 BLOCK_N = 128
-_CAUSAL = {"none": 0, "top_left": 1, "bottom_right": 2}
 
 
 @triton.jit
@@ -144,20 +142,13 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     hkv, lk = kp.shape[1], kp.shape[2]
     dp, nk16 = 2 * dp2, 2 * vp.shape[-1]
     c = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
-    out = torch.empty(out_shape(b, hq, lq, head_dim, layout), dtype=out_dtype, device=qp.device)
-    so = out.stride()
-    sob, soh, son = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
     qp, qsc, kp, ksc, vp, vsc, ds = (t.contiguous() for t in (qp, qsc, kp, ksc, vp, vsc, ds))
-    if attn_mask is None:
-        mask, kind, ms = ds, 0, (0, 0, 0, 0)
-    else:
-        kind = 1 if attn_mask.dtype == torch.bool else 2
-        mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
-        ms = mask.stride()
+    out, (sob, soh, son), mask, kind, ms = output_and_mask(b, hq, lq, lk, head_dim, layout, out_dtype, attn_mask,
+                                                           qp.device, ds)
     block_d = max(16, triton.next_power_of_2(dp))
     args = (qp, qsc, kp, ksc, vp, vsc, ds, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
             *ms, sob, soh, son)
-    meta = dict(CAUSAL=_CAUSAL[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
                 BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8)
     if config is not None:
         bm = config["BLOCK_M"]

@@ -17,13 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...reference.layout import out_shape
-from .quantize import EMULATE_FP8, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, output_and_mask, to_e4m3
 
 LOG2E = 1.4426950408889634
 LOG2_448 = math.log2(448.0)
 BLOCK_N = 128
-_CAUSAL = {"none": 0, "top_left": 1, "bottom_right": 2}
 
 
 @triton.jit
@@ -135,23 +133,14 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     if d > 256:
         raise ValueError(f"int8_fp8 kernel: head_dim {d} > 256")
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-    out = torch.empty(out_shape(b, hq, lq, d, layout), dtype=out_dtype, device=q8.device)
-    so = out.stride()
-    sob, soh, son = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
     q8, k8, v8 = q8.contiguous(), k8.contiguous(), v8.contiguous()
     qs, ks, vs = qs.contiguous(), ks.contiguous(), vs.contiguous()
-    if attn_mask is None:
-        mask, kind, ms = qs, 0, (0, 0, 0, 0)
-    else:
-        mask = attn_mask.expand(b, hq, lq, lk)
-        kind = 1 if attn_mask.dtype == torch.bool else 2
-        if kind == 1:
-            mask = attn_mask.view(torch.uint8).expand(b, hq, lq, lk)
-        ms = mask.stride()
+    out, (sob, soh, son), mask, kind, ms = output_and_mask(b, hq, lq, lk, d, layout, out_dtype, attn_mask,
+                                                           q8.device, qs)
     block_d = max(32, triton.next_power_of_2(d))
     args = (q8, qs, k8, ks, v8, vs, mask, out, c, q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1),
             v8.stride(0), v8.stride(1), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
-    meta = dict(CAUSAL=_CAUSAL[causal], MASK_KIND=kind, BLOCK_N=BLOCK_N, BLOCK_D=block_d, P_OFF=LOG2_448,
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_N, BLOCK_D=block_d, P_OFF=LOG2_448,
                 EMULATE=EMULATE_FP8)
     if config is not None:
         bm = config["BLOCK_M"]
