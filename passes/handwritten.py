@@ -301,13 +301,3 @@ def _rejected(sm, reason) -> Optional[Site]:
         else:
             break
     return None
-
-
-def combine_scale(factors) -> object:
-    """Fold numeric factors; returns a float, or the list when a symbolic factor is present."""
-    out = 1.0
-    for op, f in factors:
-        if not isinstance(f, (int, float)):
-            return factors
-        out = out * f if op == "mul" else out / f
-    return out
