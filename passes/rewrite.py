@@ -90,6 +90,9 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(7)]
                 out = emit("call_function", ops.attention_fp4.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
+            elif dec.scheme == "int8_train":
+                pair = emit("call_function", ops.attention_train.default, (q, k, v, site.causal, scale, site.layout))
+                out = emit("call_function", operator.getitem, (pair, 0))
             else:
                 raise ValueError(f"rewrite: no ops for scheme {dec.scheme!r}")
             if site.layout == "NHD":

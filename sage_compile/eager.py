@@ -73,7 +73,9 @@ class _SageMode(TorchFunctionMode):
                 raise policy.UnsupportedSite(f"sage_compile (strict): {dec.reason}")
             log.debug("eager SDPA kept: %s", dec.reason)
             return func(*args, **kwargs)
-        return torch.ops.sage_compile.attention(q, k, v, a["attn_mask"], site.causal, a["scale"], "HND", dec.scheme)
+        from . import attention
+
+        return attention(q, k, v, a["attn_mask"], site.causal, a["scale"], "HND", dec.scheme)
 
 
 @contextlib.contextmanager

@@ -20,12 +20,13 @@ from .reference import exact as _exact
 from .reference import fp4 as _ref_fp4
 from .reference import int8_fp8 as _ref_int8_fp8
 from .reference import int8_fp16 as _ref_int8_fp16
+from .reference import int8_train as _ref_int8_train
 from .reference.layout import LAYOUTS, out_shape
 
 CAUSAL = ("none", "top_left", "bottom_right")
 QUANT_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")
 
-_REFERENCE = {"int8_fp8": _ref_int8_fp8, "int8_fp16": _ref_int8_fp16, "fp4": _ref_fp4}
+_REFERENCE = {"int8_fp8": _ref_int8_fp8, "int8_fp16": _ref_int8_fp16, "fp4": _ref_fp4, "int8_train": _ref_int8_train}
 _IMPLS: dict[tuple[str, str], types.ModuleType] = {}
 _AUTO: set = set()
 
@@ -213,6 +214,52 @@ def _(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale, layout, out_dtype
     return qp.new_empty(out_shape(b, h, n, head_dim, layout), dtype=out_dtype)
 
 
+# ------------------------------------------------------------------------------------------ int8_train
+@torch.library.custom_op("sage_compile::attention_train", mutates_args=())
+def attention_train(q: Tensor, k: Tensor, v: Tensor, causal: str, scale: Optional[float], layout: str) -> tuple[Tensor, Tensor]:
+    """SageBwd forward (INT8 QKᵀ and PV): returns ``(O in layout, LSE fp32 (B, Hq, Nq))``; its autograd
+    formula is the SageBwd backward (:func:`attention_train_backward`)."""
+    impl = impl_for("int8_train", q.device.type)
+    o, lse = impl.forward(*impl.quantize(q, k, v, layout)[:6], causal, scale, layout, q.dtype)
+    return o.contiguous(), lse
+
+
+@attention_train.register_fake
+def _(q, k, v, causal, scale, layout):
+    b, hq, nq, _ = _hnd(q, layout)
+    return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("sage_compile::attention_train_backward", mutates_args=())
+def attention_train_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, causal: str,
+                             scale: Optional[float], layout: str) -> tuple[Tensor, Tensor, Tensor]:
+    """SageBwd backward: INT8 dV, dQ, dK; dO·Vᵀ in 16-bit; Q̂, K̂, V̂ re-quantized (same bits as forward)."""
+    impl = impl_for("int8_train", q.device.type)
+    dq, dk, dv = impl.backward(*impl.quantize(q, k, v, layout), o, lse, do, causal, scale, layout, q.dtype)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@attention_train_backward.register_fake
+def _(q, k, v, o, lse, do, causal, scale, layout):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _train_setup(ctx, inputs, output):
+    q, k, v, causal, scale, layout = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.causal, ctx.scale, ctx.layout = causal, scale, layout
+
+
+def _train_backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.sage_compile.attention_train_backward(q, k, v, o, lse, grad_o.contiguous(), ctx.causal,
+                                                                 ctx.scale, ctx.layout)
+    return dq, dk, dv, None, None, None
+
+
+attention_train.register_autograd(_train_backward, setup_context=_train_setup)
+
+
 # ------------------------------------------------------------------------------------------ composed
 def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
                layout: str, scheme: str, options=None) -> Tensor:
@@ -231,6 +278,10 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
     if scheme == "fp4":
         qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth)
         return ops.attention_fp4(*qt, attn_mask, causal, scale, layout, q.dtype, q.shape[-1], o.fp4_p_scale)
+    if scheme == "int8_train":
+        if attn_mask is not None:
+            raise ValueError("sage_compile: int8_train supports causal masks only (no attn_mask)")
+        return ops.attention_train(q, k, v, causal, scale, layout)[0]
     raise ValueError(f"sage_compile: unknown or unimplemented scheme {scheme!r}")
 
 

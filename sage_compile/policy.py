@@ -13,7 +13,7 @@ import torch
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 # Schemes with an implementation (reference on any device); int8_train lands with the SageBwd issue.
-IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4")
+IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 
 
 @dataclasses.dataclass
@@ -69,9 +69,12 @@ def decide(site, config, device_type: str) -> Decision:
         why = f"auto on {device_type}" + (" (gradients needed)" if site.requires_grad else "")
     else:
         why = f"requested {scheme}"
-    if site.requires_grad and scheme != "exact":
-        return Decision(None, f"gradients needed and int8_train (SageBwd) is not available yet: kept exact "
-                              f"(requested {scheme})", fallback=True)
+    if site.requires_grad and scheme not in ("exact", "int8_train"):
+        return Decision(None, f"gradients needed: {scheme} is inference-only, kept exact (use int8_train)",
+                        fallback=True)
+    if scheme == "int8_train" and site.mask_kind != "none":
+        return Decision(None, f"int8_train supports causal masks only, not a {site.mask_kind} mask: kept",
+                        fallback=True)
     if scheme not in IMPLEMENTED:
         return Decision(None, f"scheme {scheme} not implemented yet: kept", fallback=True)
     if scheme == "exact":

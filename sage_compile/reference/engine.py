@@ -66,6 +66,7 @@ def run(
     p_offset: float,
     device,
     chunk_elems: int = 1 << 24,
+    lse_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Online softmax over key tiles; returns fp32 ``(B, Hq, Lq, Dv)`` normalised output.
 
@@ -74,12 +75,14 @@ def run(
         p_offset: log2 of the value the running row max maps to (log2 448 for FP8 P, log2 2688 for
             two-level FP4 P, 0 for plain softmax numerators).
         mask: None, or bool/additive tensor broadcastable to ``(B, Hq, Lq, lk)``.
+        lse_out: optional fp32 ``(B, Hq, Lq)`` filled with the natural-log sum-exp of the scaled logits
+            (what a backward pass needs); -inf on fully masked rows.
     """
     b, h, lq, dv = shape
     out = torch.empty(shape, dtype=torch.float32, device=device)
     if mask is not None:
         mask = mask.expand(b, h, lq, lk)
-    chunk = max(16, min(lq, chunk_elems // max(1, b * h * max(block_n, dv))))
+    chunk = max(16, min(lq, chunk_elems // max(1, b * h * max(block_n, dv))))  # noqa: E501
     for i0 in range(0, lq, chunk):
         i1 = min(lq, i0 + chunk)
         m = torch.full((b, h, i1 - i0, 1), float("-inf"), device=device)
@@ -100,6 +103,8 @@ def run(
             m = m_new
         # fully masked rows (l == 0) give 0, as FlashAttention; NaN/Inf propagate (never a plausible output)
         out[:, :, i0:i1] = torch.where(l == 0, torch.zeros_like(acc), acc / torch.where(l == 0, torch.ones_like(l), l))
+        if lse_out is not None:
+            lse_out[:, :, i0:i1] = ((m + torch.log2(l) - p_offset) / LOG2E).squeeze(-1)
     return out
 
 
