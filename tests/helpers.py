@@ -18,3 +18,8 @@ def outlier_inputs(b, h, n, d, g, hkv=None):
     v = torch.randn(b, hkv, n, d, generator=g)
     return q, k, v
 
+
+
+def bits(t):
+    """A tensor comparable bit for bit with torch.equal (float8 viewed as its bytes)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

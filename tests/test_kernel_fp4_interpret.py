@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from helpers import bits
 
 if torch.cuda.is_available():
     pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_fp4_gpu.py)", allow_module_level=True)
@@ -20,10 +21,6 @@ if not _common.EMULATE_FP8:
     pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
 
 
-def _bits(t):
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 def test_quantizer_bit_identical_adversarial():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 37, 64, generator=g) * torch.logspace(-4, 4, 37)[:, None]
@@ -33,7 +30,7 @@ def test_quantizer_bit_identical_adversarial():
     x[0, 1, 0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5, 6, 7, -1e-9, 1e-9, 0, 1.0])
     x[1, 2, 5, 16:32] = 0.004                # scale rounds to an E4M3 subnormal / zero
     got, want = KQ.quant_nvfp4(x), Q.quant_nvfp4(x)
-    assert torch.equal(got[0], want[0]) and torch.equal(_bits(got[1]), _bits(want[1]))
+    assert torch.equal(got[0], want[0]) and torch.equal(bits(got[1]), bits(want[1]))
 
 
 @pytest.mark.parametrize("d,lk", [(64, 130), (40, 77)])
@@ -44,7 +41,7 @@ def test_prologue_bit_identical(d, lk):
     v = torch.randn(1, 2, lk, d, generator=g).bfloat16()
     for a, b in zip(KQ.quantize(q, k, v), R.quantize(q, k, v)):
         assert a.shape == b.shape and a.dtype == b.dtype
-        assert torch.equal(_bits(a), _bits(b))
+        assert torch.equal(bits(a), bits(b))
 
 
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])

@@ -3,7 +3,7 @@ accuracy goals vs fp32 SDPA on gaussian and outlier inputs, poisoned outputs, an
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, outlier_inputs
+from helpers import bits, cos_rel, outlier_inputs
 from torch._dynamo.utils import counters
 
 import sage_compile
@@ -43,8 +43,7 @@ def test_prologue_bit_identical_on_gpu(d):
     want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v))
     names = ("q8", "qs", "k8", "ks", "v8", "vs")
     for name, a, b in zip(names, got, want):
-        a = a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a
-        b = b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b
+        a, b = bits(a), bits(b)
         bad = a != b
         assert not bad.any(), f"{name}: {int(bad.sum())} of {a.numel()} differ, e.g. {a[bad][:5].tolist()} vs {b[bad][:5].tolist()}"
 

@@ -12,8 +12,9 @@ import triton
 import triton.language as tl
 
 from ...reference.int8_fp8 import rescale_channels
-from .._common import EMULATE_FP8, rne, to_e4m3
 from ...reference.layout import to_hnd
+from .._common import EMULATE_FP8, rne, to_e4m3
+
 
 @triton.jit
 def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
