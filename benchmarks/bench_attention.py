@@ -51,6 +51,11 @@ def peers(hd, causal, with_flex=False):
             raise RuntimeError("skipped (--flex not given)")
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        # one compiled graph per shape: past Dynamo's recompile limit (8) flex silently runs eagerly
+        # (materialised scores: single-digit TOPS / OOM), so lift the limit for the sweep
+        for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 1024)
         flex = torch.compile(flex_attention, dynamic=False)
 
         def prep(q, k, v):

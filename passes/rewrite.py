@@ -72,7 +72,10 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                     mask = emit("call_method", "unsqueeze", (mask, 0))
             scale = _scale_arg(graph, site, emit)
             out_dtype = val(site.q).dtype
-            if dec.scheme == "int8_fp8":
+            if options.switchable and dec.scheme != "int8_train":  # the composed op: run-time overrides
+                out = emit("call_function", ops.attention.default,
+                           (q, k, v, mask, site.causal, scale, site.layout, dec.scheme, options.encode()))
+            elif dec.scheme == "int8_fp8":
                 qt = emit("call_function", ops.quantize_int8_fp8.default,
                           (q, k, v, site.layout, options.int8_channel_rescale))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]

@@ -5,6 +5,7 @@
     with sage_compile.options(kernel="int8_fp8"): ...       # configuration for compiles inside
     with sage_compile.enable(): model(x)                    # eager models, no compile
     sage_compile.attention(q, k, v, scheme="int8_fp8")      # the op itself, (B, H, N, D)
+    sage_compile.HybridSteps(50, first=2, last=2)           # fp4 with 8-bit first/last steps (switchable)
 
 Imports are lazy so the ``torch.backends`` autoload hook stays cheap.
 """
@@ -25,6 +26,8 @@ _LAZY = {
     "uninstall_global": ("hooks", "uninstall_global"),
     "last_reports": ("debug", "last_reports"),
     "format_report": ("debug", "format_report"),
+    "override": ("steps", "override"),
+    "HybridSteps": ("steps", "HybridSteps"),
 }
 
 
@@ -63,7 +66,7 @@ def __getattr__(name):
     if name in _LAZY:
         mod, attr = _LAZY[name]
         return getattr(importlib.import_module(f".{mod}", __name__), attr)
-    if name in ("ops", "reference", "passes", "policy", "config", "debug", "models", "eager", "hooks"):
+    if name in ("ops", "reference", "passes", "policy", "config", "debug", "models", "eager", "hooks", "steps"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'sage_compile' has no attribute {name!r}")
 

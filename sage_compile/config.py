@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import threading
 from typing import Any, Callable, Iterator, Optional
@@ -25,12 +26,23 @@ class Options:
     int8_channel_rescale: balance Q/K channel ranges before INT8 quantization (``int8_fp8``): on the
         outlier set it lifts cos 0.9978 -> 0.9991 and rel-L1 0.064 -> 0.040 (reference, CPU); off until its
         prologue cost is measured on the GPU.
+    switchable: sites call the composed op, which honours :func:`sage_compile.override` and
+        :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """
 
     fp4_p_scale: str = "unrounded"
     fp4_delta_s: str = "fp32"
     fp4_smooth: str = "qk"
     int8_channel_rescale: bool = False
+    switchable: bool = False
+
+    def encode(self) -> str:
+        """The numeric options as a string (an argument of the composed op)."""
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k != "switchable"}, sort_keys=True)
+
+    @classmethod
+    def decode(cls, s: str) -> "Options":
+        return cls(**json.loads(s)) if s else cls()
 
 
 @dataclasses.dataclass(frozen=True)

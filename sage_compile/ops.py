@@ -287,7 +287,8 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
 
 @torch.library.custom_op("sage_compile::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = None, causal: str = "none",
-              scale: Optional[float] = None, layout: str = "HND", scheme: str = "int8_fp8") -> Tensor:
+              scale: Optional[float] = None, layout: str = "HND", scheme: str = "int8_fp8",
+              options: str = "") -> Tensor:
     """Quantized attention, eager/API entry point (prologue and core composed).
 
     Args:
@@ -296,22 +297,28 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
         attn_mask: bool (True = attend) or additive float, broadcastable to ``(B, Hq, Nq, Nk)``.
         causal: ``none``, ``top_left`` (SDPA's is_causal) or ``bottom_right`` (FlashAttention's).
         scale: softmax scale, default ``D ** -0.5``.
-        scheme: ``exact`` | ``int8_fp16`` | ``int8_fp8`` | ``fp4``.
+        scheme: ``exact`` | ``int8_fp16`` | ``int8_fp8`` | ``fp4``; :func:`sage_compile.override` (run
+            time) replaces it.
+        options: :meth:`sage_compile.config.Options.encode` of the numeric options ("" = defaults).
     Returns:
         Output in ``layout`` and q's dtype. Gradients (if needed) are those of exact attention
         (straight-through); use the ``int8_train`` scheme for quantized training once it lands.
     """
+    from . import steps
+    from .config import Options
+
     check_inputs(q, k, v, attn_mask, causal, layout)
-    return run_scheme(q, k, v, attn_mask, causal, scale, layout, scheme).contiguous()
+    scheme = steps.current() or scheme
+    return run_scheme(q, k, v, attn_mask, causal, scale, layout, scheme, Options.decode(options)).contiguous()
 
 
 @attention.register_fake
-def _(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8"):
+def _(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8", options=""):
     return q.new_empty(q.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, causal, scale, layout, scheme = inputs
+    q, k, v, attn_mask, causal, scale, layout, scheme, options = inputs
     ctx.save_for_backward(q, k, v, attn_mask)
     ctx.causal, ctx.scale, ctx.layout = causal, scale, layout
 
@@ -319,7 +326,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_out):
     q, k, v, attn_mask = ctx.saved_tensors
     dq, dk, dv = exact_backward(q, k, v, attn_mask, ctx.causal, ctx.scale, ctx.layout, grad_out)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 def exact_backward(q, k, v, attn_mask, causal, scale, layout, grad_out):

@@ -48,3 +48,54 @@ def test_core_vs_reference_and_fp32(d, causal, inputs):
     print(f"\nfp4 d={d} {causal} {inputs}: kernel cos {kc:.5f} rel-L1 {kl:.4f} | reference {rc:.5f} {rl:.4f} "
           f"| between {cos_rel(out, ref)[1]:.2e}")
     assert kl <= 1.1 * rl and cos_rel(out, ref)[1] <= 5e-3
+
+
+@pytest.mark.parametrize("case", ["gqa_bottom_right_ragged", "bool_mask_nhd", "hd80_fp16", "p_scale_rounded"])
+def test_shapes_masks_and_options_vs_reference(case):
+    """The op on CUDA (kernel) vs the op on CPU (reference): GQA, Lq != Lk, ragged tails, masks, NHD,
+    padded head dims, fp16, and the numeric options."""
+    import sage_compile
+    from sage_compile import ops
+
+    assert ops.has_fast_impl("fp4", "cuda")
+    g = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    mask, causal, layout, dtype, opts = None, "none", "HND", torch.bfloat16, sage_compile.Options()
+    q, k, v = r(2, 8, 1000, 128), r(2, 2, 1300, 128), r(2, 2, 1300, 128)
+    if case == "gqa_bottom_right_ragged":
+        causal = "bottom_right"
+    elif case == "bool_mask_nhd":
+        q, k, v = r(2, 777, 4, 64), r(2, 777, 4, 64), r(2, 777, 4, 64)
+        layout = "NHD"
+        mask = torch.rand(2, 1, 777, 777, generator=g) > 0.5
+    elif case == "hd80_fp16":
+        q, k, v, dtype = r(1, 4, 500, 80), r(1, 4, 500, 80), r(1, 4, 500, 80), torch.float16
+    elif case == "p_scale_rounded":
+        opts = sage_compile.Options(fp4_p_scale="rounded", fp4_delta_s="input")
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    out = ops.attention(q.cuda(), k.cuda(), v.cuda(), None if mask is None else mask.cuda(), causal, None, layout,
+                        "fp4", opts.encode()).cpu()
+    ref = ops.attention(q, k, v, mask, causal, None, layout, "fp4", opts.encode())
+    assert out.dtype == dtype and out.shape == q.shape and torch.isfinite(out).all()
+    assert cos_rel(out.float(), ref.float())[1] < 5e-3
+
+
+def test_compiled_model_runs_fp4_kernel_with_hybrid_steps():
+    import sage_compile
+    from torch._dynamo.utils import counters
+
+    m = sage_compile.models.TinyDiT(dim=512, heads=4).cuda().to(torch.bfloat16).eval()
+    x = torch.randn(2, 2048, 16, device="cuda", dtype=torch.bfloat16)
+    c = torch.compile(m, backend="sage", options={"sage_kernel": "fp4", "sage_switchable": True})
+    h = sage_compile.HybridSteps(num_steps=3, first=1, last=1)
+    with torch.no_grad():
+        ref = m(x).float()
+        outs = []
+        with h:
+            for i in range(3):
+                outs.append(c(x).float())
+                h.step_end(i)
+    assert counters["sage_compile"]["scheme:fp4"] == 2
+    cf, ci = cos_rel(outs[1], ref)[0], cos_rel(outs[0], ref)[0]
+    print(f"\nTinyDiT fp4 step cos {cf:.5f}, int8_fp8 (hybrid) step cos {ci:.5f}")
+    assert torch.equal(outs[0], outs[2]) and ci > 0.999 and cf > 0.98 and not torch.equal(outs[0], outs[1])

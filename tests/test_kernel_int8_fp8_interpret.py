@@ -77,3 +77,68 @@ def test_prologue_with_channel_rescale_bit_identical():
     want = (*Q.quant_int8(qf, 1), *Q.quant_int8(ksm, 1))
     for a, b in zip(got[:4], want):
         assert torch.equal(a, b)
+
+
+def _llm_mask(b, lq, lk, pad, causal=True, side="right"):
+    """transformers-style bool mask (B, 1, Lq, Lk): bottom-right causal and/or key padding."""
+    j = torch.arange(lk)
+    keep = torch.ones(b, lk, dtype=torch.bool)
+    for i, p in enumerate(pad):
+        if p:
+            keep[i, lk - p:] = False if side == "right" else keep[i, lk - p:]
+            if side == "left":
+                keep[i, :p] = False
+    m = keep[:, None, :].expand(b, lq, lk)
+    if causal:
+        m = m & (j[None, :] <= torch.arange(lq)[:, None] + (lk - lq))
+    return m[:, None].clone()
+
+
+@pytest.mark.parametrize("case,flag", [
+    (dict(lq=150, lk=150, pad=[0, 37]), 1),  # causal + right padding (training batch)
+    (dict(lq=150, lk=150, pad=[130, 5], side="left"), 1),  # causal + left padding (generation)
+    (dict(lq=40, lk=300, pad=[0, 200], side="left"), 1),  # Lq < Lk (KV cache), bottom-right
+    (dict(lq=150, lk=130, pad=[0, 129], causal=False), 2),  # key padding only
+    (dict(lq=150, lk=130, pad=[0, 0], causal=False), 2),  # all True
+])
+def test_llm_masks_take_the_structured_path(case, flag):
+    b = len(case["pad"])
+    qt = KQ.quantize(*_inputs(b=b, lq=case["lq"], lk=case["lk"]))
+    mask = _llm_mask(b, **case)
+    f, _ = KA.mask_structure(mask.view(torch.uint8).expand(b, 4, case["lq"], case["lk"]), case["lq"], case["lk"])
+    assert f.item() == flag
+    fast = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64))
+    read = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64), detect_mask=False)
+    assert torch.equal(fast, read)  # skipped tiles are exactly the fully masked ones
+    ref = R.attention(*qt, mask, "none", None, "HND", torch.float32)
+    assert ((fast - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
+
+
+@pytest.mark.parametrize("bad", ["hole", "top_left_offset", "per_head"])
+def test_other_bool_masks_are_read(bad):
+    lq, lk = 150, 130
+    mask = _llm_mask(2, lq, lk, [0, 10])
+    if bad == "hole":
+        mask[1, 0, 100, 3] = False  # one masked key inside the range
+    if bad == "top_left_offset":
+        mask = torch.ones(2, 1, lq, lk, dtype=torch.bool).tril()[:, :, :, :lk]  # top-left with Lq != Lk
+    if bad == "per_head":
+        mask = mask.expand(2, 4, lq, lk).clone()
+        mask[:, 1, :, :7] = False
+    qt = KQ.quantize(*_inputs(b=2, lq=lq, lk=lk))
+    if bad != "per_head":
+        f, _ = KA.mask_structure(mask.view(torch.uint8).expand(2, 4, lq, lk), lq, lk)
+        assert f.item() == 0
+    out = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64))
+    ref = R.attention(*qt, mask, "none", None, "HND", torch.float32)
+    assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
+
+
+@pytest.mark.parametrize("cfg", [dict(PV=1), dict(PV=1, num_warps=8)])
+def test_core_tuning_variants_match_reference(cfg):
+    """Variants that keep 128-key tiles keep the numerics (the P scale follows the running max per tile,
+    so other BLOCK_N are different numerics, not tuning)."""
+    qt = KQ.quantize(*_inputs(lq=150, lk=200))
+    out = KA.attention(*qt, None, "bottom_right", None, "HND", torch.float32, config=dict(BLOCK_M=64, **cfg))
+    ref = R.attention(*qt, None, "bottom_right", None, "HND", torch.float32)
+    assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4

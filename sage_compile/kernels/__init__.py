@@ -25,3 +25,7 @@ if triton is not None and _capability_ok((8, 9)):
     # is still slower than SDPA cuDNN (628) (benchmarks/results/attention_h200.json), so ``auto`` keeps
     # SDPA there; ``kernel="int8_fp8"`` selects it explicitly.
     ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
+    from . import fp4
+
+    # fp4 on Hopper: exact NVFP4 numerics, dequantized to bf16 tensor cores (never an FP4 speed-up)
+    ops.register_impl("fp4", "cuda", fp4.impl)

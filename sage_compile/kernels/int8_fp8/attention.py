@@ -5,7 +5,8 @@ the softmax scale·log2e folded into Q's; online softmax in the exp2 domain over
 running row max mapped to 448; P̃ rounded to FP8 E4M3 and multiplied with the FP8 V tile, the tile's
 product promoted to fp32 once per tile (two-level accumulation via ``max_num_imprecise_acc``); row sums
 from unrounded fp32 P̃; O·δ_V/l at the end. Masks: causal (top_left / bottom_right) from indices;
-bool / additive masks read in-kernel through broadcast strides. Same tiling as the reference
+bool / additive masks read in-kernel through broadcast strides, except the bool masks LLMs build (causal +
+key padding, key padding alone), recognised on the device and run as causal / key-range sweeps. Same tiling as the reference
 (BLOCK_N = 128), so the two agree to accumulation-order noise.
 """
 from __future__ import annotations
@@ -25,15 +26,21 @@ BLOCK_N = 128
 
 
 @triton.jit
-def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D,
-          skn, svd, smq, smk, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, CHECK: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr):
+def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D: tl.constexpr, klo, khi, coff,
+          skn, svd, smq, smk, MASK_KIND: tl.constexpr, CHECK: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr,
+          PV: tl.constexpr):
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     if CHECK:
-        k = tl.load(K8 + offs_n[:, None] * skn + rd[None, :], mask=(offs_n[:, None] < LK) & (rd[None, :] < D), other=0)
+        kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+        k = tl.load(K8 + offs_n[:, None] * skn + rd[None, :], mask=kv, other=0)
         ks = tl.load(KS + offs_n, mask=offs_n < LK, other=0.0)
-        v = tl.load(V8 + rd[None, :] * svd + offs_n[:, None], mask=(offs_n[:, None] < LK) & (rd[None, :] < D), other=0.0)
+        v = tl.load(V8 + rd[None, :] * svd + offs_n[:, None], mask=kv, other=0.0)
+    elif BLOCK_D == D:  # interior tile, native head dim: no masks at all
+        k = tl.load(K8 + offs_n[:, None] * skn + rd[None, :])
+        ks = tl.load(KS + offs_n)
+        v = tl.load(V8 + rd[None, :] * svd + offs_n[:, None])
     else:
         k = tl.load(K8 + offs_n[:, None] * skn + rd[None, :], mask=rd[None, :] < D, other=0)
         ks = tl.load(KS + offs_n)
@@ -48,35 +55,61 @@ def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D,
         mk = tl.load(MASK + offs_m[:, None] * smq + offs_n[None, :] * smk,
                      mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
         z = z + mk.to(tl.float32) * 1.4426950408889634
-    if CHECK:
-        keep = offs_n[None, :] < LK
-        if CAUSAL == 1:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None])
-        if CAUSAL == 2:
-            keep = keep & (offs_n[None, :] <= offs_m[:, None] + (LK - LQ))
+    if CHECK:  # keys in [klo, khi) and, causally, n <= m + coff (coff >= LK: not causal)
+        keep = (offs_n[None, :] >= klo) & (offs_n[None, :] < khi) & (offs_n[None, :] <= offs_m[:, None] + coff)
         z = tl.where(keep, z, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(z, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(z - m_use[:, None] + P_OFF)
+    p = tl.math.exp2(z - (m_use - P_OFF)[:, None])  # row max -> 448
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    p8 = to_e4m3(tl.minimum(p, 448.0), EMULATE)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p8, v, acc, max_num_imprecise_acc=BLOCK_N)
+    if EMULATE:  # the hardware cast saturates (cvt.satfinite); the emulation needs the clamp
+        p = tl.minimum(p, 448.0)
+    p8 = to_e4m3(p, EMULATE)
+    if PV == 0:  # two-level: the tile's FP8 product is promoted to fp32 once (max_num_imprecise_acc)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p8, v, acc, max_num_imprecise_acc=BLOCK_N)
+    else:  # two-level with an explicit fresh accumulator per tile
+        acc = acc * alpha[:, None] + tl.dot(p8, v)
     return acc, m_new, l_i
 
 
 def _configs():
-    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": BLOCK_N, "WS": False, "PV": 0}, num_warps=w, num_stages=s)
             for bm, w, s in ((128, 8, 2), (128, 8, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3))]
 
 
 @triton.jit
-def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, OUT, c,
+def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.constexpr, klo, khi, coff, smq, smk,
+           MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+           P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, PV: tl.constexpr):
+    """All key tiles this query block sees (keys in [klo, khi), causally n <= m + coff): the tiles every
+    row sees entirely run without index checks, the (at most two) edge ranges with them."""
+    hi = tl.maximum(klo, tl.minimum(khi, m0 + BLOCK_M + coff))
+    lo = (klo // BLOCK_N) * BLOCK_N
+    f0 = ((klo + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    f1 = tl.minimum((khi // BLOCK_N) * BLOCK_N, tl.maximum(0, (m0 + coff + 1) // BLOCK_N) * BLOCK_N)
+    e0 = tl.minimum(f0, hi)
+    f1 = tl.maximum(f0, tl.minimum(f1, hi))
+    for n0 in range(lo, e0, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
+                              D, LK, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+    for n0 in tl.range(f0, f1, BLOCK_N, warp_specialize=WS):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
+                              D, LK, smq, smk, MASK_KIND, False, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+    for n0 in range(f1, hi, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
+                              D, LK, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, FLAG, KRANGE, OUT, c,
               sqb, sqh, skb, skh, svb, svh, smb, smh, smq, smk, sob, soh, son,
-              H, GROUP, LQ, LK, D,
+              H, GROUP, LQ, LK, D: tl.constexpr,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr):
+              BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
+              PV: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -95,23 +128,29 @@ def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, OUT, c,
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    off = 0
+    zero = b * 0  # runtime int32 scalars (LK may be specialised to a constant)
+    klo = zero
+    khi = zero + LK
+    coff = zero + LK  # n <= m + LK always holds: not causal
+    if CAUSAL == 1:
+        coff = zero
     if CAUSAL == 2:
-        off = LK - LQ
-    hi = LK
-    if CAUSAL != 0:
-        hi = tl.minimum(LK, tl.maximum(0, m0 + BLOCK_M + off))
-    # tiles every row sees entirely (no index checks), then the rest with checks
-    full = (LK // BLOCK_N) * BLOCK_N
-    if CAUSAL != 0:
-        full = tl.minimum(full, tl.maximum(0, (m0 + off + 1) // BLOCK_N) * BLOCK_N)
-    full = tl.minimum(full, hi)
-    for n0 in range(0, full, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, D, LK, smq, smk,
-                              CAUSAL, MASK_KIND, False, BLOCK_N, BLOCK_D, P_OFF, EMULATE)
-    for n0 in range(full, hi, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, D, LK, smq, smk,
-                              CAUSAL, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE)
+        coff = zero + (LK - LQ)
+    if MASK_KIND == 3:  # a bool mask that may be causal(bottom-right)+key-range or key-range only
+        flag = tl.load(FLAG)
+        if flag != 0:
+            klo = tl.load(KRANGE + 2 * b)
+            khi = tl.load(KRANGE + 2 * b + 1)
+            if flag == 1:
+                coff = zero + (LK - LQ)
+            acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
+                                   smq, smk, 0, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
+        else:
+            acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
+                                   smq, smk, 1, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
+    else:
+        acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
+                               smq, smk, MASK_KIND, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
     vs = tl.load(VS + (b * (svb // LK) + hk * (svh // LK)) + rd, mask=rd < D, other=0.0)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None] * vs[None, :]
@@ -123,11 +162,58 @@ def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, OUT, c,
 _fwd = triton.autotune(configs=_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_fwd_body)
 
 
+@triton.jit
+def _mask_mismatch(MASK, KRANGE, BAD, smb, smq, smk, LQ, LK, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Count the entries of a bool mask (B, ., LQ, LK) that differ from (a) bottom-right causal within
+    the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a), BAD[1] += (b)."""
+    b = tl.program_id(1)
+    offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    klo = tl.load(KRANGE + 2 * b)
+    khi = tl.load(KRANGE + 2 * b + 1)
+    bad_c = tl.zeros([BLOCK_Q], tl.int32)
+    bad_r = tl.zeros([BLOCK_Q], tl.int32)
+    for k0 in range(0, LK, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
+        m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
+        want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
+        want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + (LK - LQ))
+        bad_r += tl.sum((inb & (m != want_r)).to(tl.int32), axis=1)
+        bad_c += tl.sum((inb & (m != want_c)).to(tl.int32), axis=1)
+    tl.atomic_add(BAD, tl.sum(bad_c, axis=0))
+    tl.atomic_add(BAD + 1, tl.sum(bad_r, axis=0))
+
+
+def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recognise, on the device and without a host sync (CUDA-graph safe), the bool masks LLMs build:
+    causal (bottom-right) + key padding, or key padding alone, shared by all heads.
+
+    ``mask``: bool as uint8, expanded to ``(B, H, Lq, Lk)`` with head stride 0. Returns ``(flag, krange)``:
+    ``flag`` int32[1] = 1 causal + key range, 2 key range only, 0 anything else (the kernel then reads
+    the mask); ``krange`` int32 (B, 2) = each batch's [first, last + 1) key, read from the last query row
+    (it sees every unmasked key in both structures)."""
+    last = mask[:, 0, lq - 1, :] != 0
+    first = last.to(torch.int32).argmax(1)
+    end = lk - last.flip(1).to(torch.int32).argmax(1)
+    krange = torch.stack([first, end], 1).to(torch.int32).contiguous()
+    bad = torch.zeros(2, dtype=torch.int32, device=mask.device)
+    bq = 64
+    _mask_mismatch[(triton.cdiv(lq, bq), mask.shape[0])](mask, krange, bad, mask.stride(0), mask.stride(2),
+                                                         mask.stride(3), lq, lk, BLOCK_Q=bq, BLOCK_K=128)
+    flag = torch.where(bad[1] == 0, 2, torch.where(bad[0] == 0, 1, 0)).to(torch.int32).reshape(1)
+    return flag, krange
+
+
 def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
-              layout: str, out_dtype: torch.dtype, config: Optional[dict] = None) -> torch.Tensor:
+              layout: str, out_dtype: torch.dtype, config: Optional[dict] = None,
+              detect_mask: bool = True) -> torch.Tensor:
     """Same contract as :func:`sage_compile.reference.int8_fp8.attention` (inputs from ``quantize``).
 
-    ``config`` (``BLOCK_M``, ``num_warps``, ``num_stages``) bypasses autotuning (tests, interpreter)."""
+    A bool mask shared by the heads is checked on the device (:func:`mask_structure`): causal + key
+    padding or key padding alone runs the causal / key-range path (skipped tiles, no mask reads);
+    ``detect_mask=False`` forces reading the mask. ``config`` (``BLOCK_M``, ``BLOCK_N``, ``WS`` (warp
+    specialisation), ``PV`` (0: max_num_imprecise_acc, 1: fresh accumulator), ``num_warps``,
+    ``num_stages``) bypasses autotuning (tests, interpreter, tuning)."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     if d > 256:
@@ -137,15 +223,19 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     qs, ks, vs = qs.contiguous(), ks.contiguous(), vs.contiguous()
     out, (sob, soh, son), mask, kind, ms = output_and_mask(b, hq, lq, lk, d, layout, out_dtype, attn_mask,
                                                            q8.device, qs)
+    flag, krange = qs, qs
+    if kind == 1 and detect_mask and causal == "none" and ms[1] == 0 and lq > 0 and lk > 0:
+        flag, krange = mask_structure(mask, lq, lk)
+        kind = 3
     block_d = max(32, triton.next_power_of_2(d))
-    args = (q8, qs, k8, ks, v8, vs, mask, out, c, q8.stride(0), q8.stride(1), k8.stride(0), k8.stride(1),
-            v8.stride(0), v8.stride(1), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_N, BLOCK_D=block_d, P_OFF=LOG2_448,
-                EMULATE=EMULATE_FP8)
+    args = (q8, qs, k8, ks, v8, vs, mask, flag, krange, out, c, q8.stride(0), q8.stride(1), k8.stride(0),
+            k8.stride(1), v8.stride(0), v8.stride(1), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8)
     if config is not None:
         bm = config["BLOCK_M"]
-        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
-                                                 num_stages=config.get("num_stages", 2))
+        tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
+        tune.update({k: v for k, v in config.items() if k != "BLOCK_M"})
+        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, **tune)
     else:
         _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out

@@ -1,0 +1,11 @@
+"""One launch of the int8_fp8 core at hd128, N=16K, B=4, H=32 (non-causal) for ncu (benchmarks/gpu_run.sh ncu)."""
+import torch
+
+from sage_compile.kernels.int8_fp8 import attention as KA
+from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+q, k, v = (torch.randn(4, 32, 16384, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+qt = KQ.quantize(q, k, v)
+cfg = dict(BLOCK_M=128, num_warps=8, num_stages=2)  # the autotuner's pick at this shape (tune_int8_fp8)
+KA.attention(*qt, None, "none", None, "HND", torch.bfloat16, config=cfg)
+torch.cuda.synchronize()
