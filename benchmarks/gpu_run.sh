@@ -13,13 +13,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | te
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    tests) python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
+    tests) python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} tests/ > "$OUT/gpu_tests.log" 2>&1
            tail -5 "$OUT/gpu_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20 ;;
     tune) python3 benchmarks/tune_int8_fp8.py --out "$OUT/tune_int8_fp8_h200.json" > "$OUT/tune.log" 2>&1
           tail -45 "$OUT/tune.log" ;;
-    bench) python3 benchmarks/bench_attention.py --flex --out "$OUT/attention_h200.json" > "$OUT/bench.log" 2>&1
+    bench) timeout ${BENCH_TIMEOUT:-3000} python3 benchmarks/bench_attention.py --flex --out "$OUT/attention_h200.json" > "$OUT/bench.log" 2>&1
            tail -40 "$OUT/bench.log" ;;
-    ncu) ncu --clock-control none --set full -k regex:_fwd_body -c 1 -o "$OUT/int8_fp8_hd128_16k" \
+    ncu) timeout 200 ncu --clock-control none --set full -k regex:_fwd_body -c 1 -o "$OUT/int8_fp8_hd128_16k" \
            python3 benchmarks/profile_one.py > "$OUT/ncu.log" 2>&1
          ncu --import "$OUT/int8_fp8_hd128_16k.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
          tail -3 "$OUT/ncu.log"; grep -E "Duration|Throughput|Registers|Spill|Warp Cycles|Issue Slots|Achieved Occupancy|Tensor" "$OUT/ncu_details.txt" | head -40 ;;

@@ -44,8 +44,9 @@ def round_e2m1(y, EMULATE: tl.constexpr):
     a = tl.minimum(tl.abs(y), 6.0)
     r = tl.where(a < 2.0, rne(a * 2.0, EMULATE) * 0.5,
                  tl.where(a < 4.0, rne(a, EMULATE), rne(a * 0.5, EMULATE) * 2.0))
-    neg = ((y.to(tl.int32, bitcast=True) >> 31) & 1) != 0  # copysign: -0.0 stays negative, as the reference
-    return tl.where(neg, -r, r)
+    # copysign through the bits: Triton negates as 0 - r, which turns -0.0 into +0.0 on the GPU
+    sign = (y.to(tl.int32, bitcast=True) >> 31) << 31
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -76,7 +76,7 @@ def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D: tl.cons
 
 def _configs():
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": BLOCK_N, "WS": False, "PV": 0}, num_warps=w, num_stages=s)
-            for bm, w, s in ((128, 8, 2), (128, 8, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3))]
+            for bm, w, s in ((128, 8, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4))]
 
 
 @triton.jit
