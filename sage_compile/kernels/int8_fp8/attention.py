@@ -165,23 +165,21 @@ _fwd = triton.autotune(configs=_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLO
 @triton.jit
 def _mask_mismatch(MASK, KRANGE, BAD, smb, smq, smk, LQ, LK, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     """Count the entries of a bool mask (B, ., LQ, LK) that differ from (a) bottom-right causal within
-    the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a), BAD[1] += (b)."""
-    b = tl.program_id(1)
+    the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a), BAD[1] += (b).
+    One program per (query block, key block, batch)."""
+    b = tl.program_id(2)
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     klo = tl.load(KRANGE + 2 * b)
     khi = tl.load(KRANGE + 2 * b + 1)
-    bad_c = tl.zeros([BLOCK_Q], tl.int32)
-    bad_r = tl.zeros([BLOCK_Q], tl.int32)
-    for k0 in range(0, LK, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
-        m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
-        want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
-        want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + (LK - LQ))
-        bad_r += tl.sum((inb & (m != want_r)).to(tl.int32), axis=1)
-        bad_c += tl.sum((inb & (m != want_c)).to(tl.int32), axis=1)
-    tl.atomic_add(BAD, tl.sum(bad_c, axis=0))
-    tl.atomic_add(BAD + 1, tl.sum(bad_r, axis=0))
+    inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
+    m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
+    want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
+    want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + (LK - LQ))
+    bad_r = tl.sum(tl.sum((inb & (m != want_r)).to(tl.int32), axis=1), axis=0)
+    bad_c = tl.sum(tl.sum((inb & (m != want_c)).to(tl.int32), axis=1), axis=0)
+    tl.atomic_add(BAD, bad_c)
+    tl.atomic_add(BAD + 1, bad_r)
 
 
 def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,9 +195,9 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     end = lk - last.flip(1).to(torch.int32).argmax(1)
     krange = torch.stack([first, end], 1).to(torch.int32).contiguous()
     bad = torch.zeros(2, dtype=torch.int32, device=mask.device)
-    bq = 64
-    _mask_mismatch[(triton.cdiv(lq, bq), mask.shape[0])](mask, krange, bad, mask.stride(0), mask.stride(2),
-                                                         mask.stride(3), lq, lk, BLOCK_Q=bq, BLOCK_K=128)
+    bq, bk = 32, 256
+    _mask_mismatch[(triton.cdiv(lq, bq), triton.cdiv(lk, bk), mask.shape[0])](
+        mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_Q=bq, BLOCK_K=bk)
     flag = torch.where(bad[1] == 0, 2, torch.where(bad[0] == 0, 1, 0)).to(torch.int32).reshape(1)
     return flag, krange
 

@@ -11,14 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ...reference.int8_fp8 import rescale_channels
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, rne, to_e4m3
 
 
 @triton.jit
-def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
-                     HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
+                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     EMULATE: tl.constexpr):
+    """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
+    s of shape (B, H // GROUP, D))."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -30,6 +32,12 @@ def _quant_rows_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D,
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
+    if CH_MODE != 0:
+        ch = tl.load(CH + (b * (H // GROUP) + h // GROUP) * D + rd, mask=rd < D, other=1.0)
+        if CH_MODE == 1:
+            x = x * ch[None, :]
+        else:
+            x = tl.math.div_rn(x, tl.broadcast_to(ch[None, :], x.shape))
     amax = tl.max(tl.abs(x), axis=1)
     nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
     scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
@@ -73,17 +81,36 @@ def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
     return k_hnd.mean(dim=-2, dtype=torch.float32)
 
 
-def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None):
-    """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N))."""
+def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
+                    channel_mode: int = 0):
+    """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N)); with
+    ``channel`` (B, Hc, D) fp32 (Hc divides H) the rows are first multiplied (``channel_mode=1``) or
+    divided (2) by it per channel."""
     b, h, n, d = x_hnd.shape
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
     block_d = max(16, triton.next_power_of_2(d))
     block_n = max(1, min(64, 8192 // block_d))
+    group = h // channel.shape[1] if channel is not None else 1
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
-        x_hnd, mean if mean is not None else s, y, s, *x_hnd.stride(), h, n, d,
-        HAS_MEAN=mean is not None, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
+        x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
+        h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
+        BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
     return y, s
+
+
+def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """:func:`sage_compile.reference.quant.channel_balance` of (Q, K - mean) without materialising either:
+    the channel ranges come from min/max reductions (x -> x - mean is monotone in fp32, so
+    max |k - mean| = max(kmax - mean, mean - kmin) exactly). Returns (B, Hkv, D) fp32."""
+    b, hq, _, d = q_hnd.shape
+    hkv = k_hnd.shape[1]
+    qmin, qmax = torch.aminmax(q_hnd, dim=-2)
+    aq = torch.maximum(qmax.float(), -qmin.float()).unflatten(1, (hkv, hq // hkv)).amax(dim=2)
+    kmin, kmax = torch.aminmax(k_hnd, dim=-2)
+    ak = torch.maximum(kmax.float() - mean, mean - kmin.float())
+    ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
+    return torch.where(ok, torch.sqrt(ak / torch.where(ok, aq, torch.ones_like(aq))), torch.ones_like(aq)).contiguous()
 
 
 def quant_v_fp8(v_hnd: torch.Tensor):
@@ -102,15 +129,16 @@ def quant_v_fp8(v_hnd: torch.Tensor):
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
-    With ``channel_rescale`` the smoothing and rescaling run as torch ops (an extra pass over Q and K,
-    not yet fused into the Triton pass) before the same INT8 kernel."""
+    With ``channel_rescale`` the Q/K channel balance factors come from one min/max reduction over Q and
+    K (:func:`channel_scales`) and are applied inside the same INT8 pass (Q·s, (K - mean)/s)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    mean = k_mean(k).contiguous()
     if channel_rescale:
-        qf, ksm = rescale_channels(q.float(), k.float() - k_mean(k)[..., None, :])
-        q8, qs = quant_rows_int8(qf)
-        k8, ks = quant_rows_int8(ksm)
+        s = channel_scales(q, k, mean)
+        q8, qs = quant_rows_int8(q, None, s, 1)
+        k8, ks = quant_rows_int8(k, mean, s, 2)
     else:
         q8, qs = quant_rows_int8(q)
-        k8, ks = quant_rows_int8(k, k_mean(k).contiguous())
+        k8, ks = quant_rows_int8(k, mean)
     v8, vs = quant_v_fp8(v)
     return q8, qs, k8, ks, v8, vs
