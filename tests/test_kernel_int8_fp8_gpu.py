@@ -34,7 +34,7 @@ def _sets(d, n=4096, b=2, h=8):
 def test_prologue_bit_identical_on_gpu(d):
     KQ, _ = _kernels()
     from sage_compile.reference import quant as Q
-    from sage_compile.reference.int8_fp8 import rescale_channels
+    from sage_compile.reference.quant import channel_balance
 
     q, k, v = (t.cuda().bfloat16() for t in _sets(d, n=1000)["outlier"])
     got = [t.cpu() for t in KQ.quantize(q, k, v)]
@@ -43,7 +43,13 @@ def test_prologue_bit_identical_on_gpu(d):
     q, k, v = q.cpu(), k.cpu(), v.cpu()
     want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v))
     names = ("q8", "qs", "k8", "ks", "v8", "vs")
-    qr, kr = rescale_channels(q.float(), k.float() - mean[..., None, :])  # the channel-balanced prologue
+    # the channel-balanced prologue, given the GPU's channel factors (conventions.md: bit-identical given
+    # identical smoothed inputs); the factors themselves agree to rounding (torch's CUDA sqrt/division)
+    s_gpu = KQ.channel_scales(q.cuda(), k.cuda(), mean.cuda()).cpu()
+    s_cpu = channel_balance(q.float(), k.float() - mean[..., None, :])[:, :, 0]
+    assert ((s_gpu - s_cpu).abs() <= 2e-7 * s_cpu.abs()).all()
+    qr = q.float() * s_gpu.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, :, None, :]
+    kr = (k.float() - mean[..., None, :]) / s_gpu[:, :, None, :]
     got_r = [t.cpu() for t in KQ.quantize(q.cuda(), k.cuda(), v.cuda(), "HND", True)[:4]]
     got, want = got + got_r, want + (*Q.quant_int8(qr, 1), *Q.quant_int8(kr, 1))
     names = names + ("q8_rescaled", "qs_rescaled", "k8_rescaled", "ks_rescaled")

@@ -142,3 +142,16 @@ def test_core_tuning_variants_match_reference(cfg):
     out = KA.attention(*qt, None, "bottom_right", None, "HND", torch.float32, config=dict(BLOCK_M=64, **cfg))
     ref = R.attention(*qt, None, "bottom_right", None, "HND", torch.float32)
     assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
+
+
+def test_channel_scales_equal_channel_balance():
+    """The prologue's min/max route to the channel factors gives the reference's factors exactly."""
+    from sage_compile.reference.quant import channel_balance
+
+    q, k, _ = _inputs()
+    k[0, 1, 5, 7] = 300.0  # an outlier channel
+    q[0, 2, :, 9] = 0  # a zero channel: factor 1
+    mean = KQ.k_mean(k)
+    got = KQ.channel_scales(q, k, mean)
+    want = channel_balance(q.float(), k.float() - mean[..., None, :])[:, :, 0]
+    assert torch.equal(got, want)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import CAUSAL_CODES, EMULATE_FP8, output_and_mask, round_e2m1, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_value, output_and_mask, round_e2m1, to_e4m3
 
 LOG2E = 1.4426950408889634
 P_OFF = math.log2(448.0 * 6.0)
@@ -27,19 +27,15 @@ BLOCK_N = 128
 
 @triton.jit
 def _deq(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
-    """Dequantize an (R, C) NVFP4 tile: packed bytes P[rows, col0 : col0 + C/2], scales S[rows, col0/8 ...].
-
-    No register reshapes (they cost shared-memory round trips): each element loads its own byte and
-    block scale (repeats hit L1), picks its nibble, and turns the code into a value through its bits:
-    ``(code & 7) << 9 | sign << 15`` is an fp16 (a subnormal for E2M1's 0 / 0.5) equal to the E2M1
-    value times 2^-14, folded into the scale."""
-    cols = 2 * col0 + tl.arange(0, C)  # element columns
-    inb = (rows[:, None] < NROWS) & (cols[None, :] < 2 * NCOLS_P)
-    pk = tl.load(P + rows[:, None] * sp + (cols // 2)[None, :], mask=inb, other=0).to(tl.int32)
-    code = (pk >> ((cols & 1) * 4)[None, :]) & 15
-    h = (((code & 7) << 9) | ((code & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
-    sc = tl.load(S + rows[:, None] * ss + (cols // 16)[None, :], mask=inb, other=0.0).to(tl.float32)
-    return h.to(tl.float32) * (sc * 16384.0)
+    """Dequantize an (R, C) NVFP4 tile: packed bytes P[rows, col0 : col0 + C/2], scales S[rows, col0/8 ...]."""
+    cols_p = col0 + tl.arange(0, C // 2)
+    pk = tl.load(P + rows[:, None] * sp + cols_p[None, :], mask=(rows[:, None] < NROWS) & (cols_p[None, :] < NCOLS_P),
+                 other=0).to(tl.int32)
+    vals = tl.reshape(tl.join(e2m1_value(pk & 15), e2m1_value(pk >> 4)), (R, C))
+    cs = col0 // 8 + tl.arange(0, C // 16)
+    sc = tl.load(S + rows[:, None] * ss + cs[None, :], mask=(rows[:, None] < NROWS) & (cs[None, :] < NCOLS_P // 8),
+                 other=0.0).to(tl.float32)
+    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc[:, :, None], (R, C))
 
 
 @triton.jit
@@ -88,11 +84,8 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k = _mma_in(_deq(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D), EMULATE)
-        if BLOCK_M <= 128:  # one 128-query smoothing block: ΔS is one row, loaded once per tile
-            ds = tl.load(DS + (m0 // 128) * LK + offs_n, mask=offs_n < LK, other=0.0)[None, :]
-        else:
-            ds = tl.load(DS + (offs_m // 128)[:, None] * LK + offs_n[None, :],
-                         mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
+        ds = tl.load(DS + (offs_m // 128)[:, None] * LK + offs_n[None, :],
+                     mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
         z = (ds + tl.dot(q, tl.trans(k))) * c
         keep = (offs_n[None, :] < LK) & (offs_m[:, None] >= 0)
         if CAUSAL == 1:
@@ -121,9 +114,8 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
             div = sp8
         else:
             div = sp
-        # one IEEE reciprocal per group, then multiplies (within 1 ulp of the reference's division)
-        inv = tl.where(div > 0, tl.math.div_rn(tl.full(div.shape, 1.0, tl.float32), tl.where(div > 0, div, 1.0)), 0.0)
-        y = pg * inv[:, :, None]
+        y = tl.math.div_rn(pg, tl.broadcast_to(tl.where(div > 0, div, 1.0)[:, :, None], pg.shape))
+        y = tl.where(div[:, :, None] > 0, y, 0.0)
         pq = _mma_in(tl.reshape(round_e2m1(y, EMULATE) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
         v = _mma_in(_deq(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N), EMULATE)
         acc = acc * alpha[:, None] + tl.dot(pq, tl.trans(v))
