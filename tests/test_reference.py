@@ -176,3 +176,16 @@ def test_int8_train_gradients(causal, rng):
         assert g.shape == w.shape and cos_rel(g.float(), w)[0] >= 0.998
     ab = T.backward(*qt, o, lse, do.bfloat16(), causal, None, "HND", torch.bfloat16, dp_int8=True)
     assert cos_rel(ab[0].float(), want[0])[0] < 1  # the dP-in-INT8 ablation runs (and is not exact)
+
+
+def test_fp4_ablation_switches(rng):
+    """The ablation path is the fp4 reference with its defaults; MXFP4 and no smoothing are measurably
+    worse on the outlier set (the paper's ordering)."""
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 2, 256, 64, rng, hkv=1))
+    ref = fp4.attention(*fp4.quantize(q, k, v), None, "top_left", None, "HND", torch.float32, 64)
+    assert torch.equal(fp4.attention_ablation(q, k, v, "top_left"), ref)
+    want = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(2, 1),
+                                          v.double().repeat_interleave(2, 1), is_causal=True)
+    cos = {name: cos_rel(fp4.attention_ablation(q, k, v, "top_left", **kw).double(), want)[0]
+           for name, kw in (("nvfp4", {}), ("mxfp4", dict(fmt="mxfp4")), ("none", dict(smooth_mode="none")))}
+    assert cos["mxfp4"] < cos["nvfp4"] - 0.01 and cos["none"] < cos["nvfp4"] - 0.01

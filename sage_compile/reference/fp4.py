@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from . import engine
 from .layout import from_hnd, to_hnd
-from .quant import E2M1_MAX, dequant_nvfp4, quant_nvfp4, round_e2m1, smooth_k, smooth_q_blocks, to_e4m3
+from .quant import (E2M1_MAX, dequant_nvfp4, fake_quant_fp4, quant_nvfp4, round_e2m1, smooth_k, smooth_q_blocks,
+                    to_e4m3)
 
 BLOCK_M, BLOCK_N, GROUP = 128, 128, 16
 P_OFFSET = math.log2(448.0 * 6.0)
@@ -32,15 +33,17 @@ def _pad_last(x: torch.Tensor, mult: int) -> torch.Tensor:
     return F.pad(x, (0, pad)) if pad else x
 
 
-def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str = "fp32", smooth: str = "qk"):
+def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str = "fp32", smooth: str = "qk",
+           q_block: int = BLOCK_M):
     """The smoothing half of the prologue (fp32): ``(q − q̄_block, k − mean, ΔS = q̄·(k − mean)ᵀ)``, with Q
     and K zero-padded along the head dim to a multiple of 16. ``smooth`` in ``qk | k | none``
-    (ablations); ``delta_s`` in ``fp32 | input`` (upstream rounds ΔS to the input dtype)."""
+    (ablations); ``delta_s`` in ``fp32 | input`` (upstream rounds ΔS to the input dtype); ``q_block``:
+    query rows per mean (128; the ablation tries finer)."""
     q, k = to_hnd(q, layout), to_hnd(k, layout)
     b, hq, lq, d = q.shape
     ksm = smooth_k(k)[0] if smooth in ("qk", "k") else k.float()
     if smooth == "qk":
-        qsm, qbar = smooth_q_blocks(q, BLOCK_M)
+        qsm, qbar = smooth_q_blocks(q, q_block)
         kx = engine.gqa_expand(ksm, hq)
         if delta_s == "input":
             ds = (qbar.to(q.dtype) @ kx.to(q.dtype).transpose(-1, -2)).float()
@@ -48,7 +51,7 @@ def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str =
             ds = qbar @ kx.transpose(-1, -2)
     else:
         qsm = q.float()
-        ds = torch.zeros((b, hq, -(-lq // BLOCK_M), k.shape[2]), device=q.device)
+        ds = torch.zeros((b, hq, -(-lq // q_block), k.shape[2]), device=q.device)
     return _pad_last(qsm, GROUP), _pad_last(ksm, GROUP), ds
 
 
@@ -99,3 +102,54 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
 
     o = engine.run((b, hq, lq, head_dim), lk, logits, pv, attn_mask, causal, BLOCK_N, P_OFFSET, qp.device)
     return from_hnd(o.to(out_dtype), layout)
+
+
+# ------------------------------------------------------------------------------------------ ablations
+def _fake(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Quantize-dequantize along the last dim (zero-padded to the block) and cut back."""
+    n = x.shape[-1]
+    blk = 16 if fmt == "nvfp4" else 32
+    return fake_quant_fp4(_pad_last(x, blk), fmt)[..., :n]
+
+
+def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: str = "none",
+                       scale: Optional[float] = None, fmt: str = "nvfp4", p_levels: int = 2, smooth_mode: str = "qk",
+                       p_scale: str = "unrounded", delta_s: str = "fp32", q_block: int = BLOCK_M,
+                       v_smooth: bool = False) -> torch.Tensor:
+    """The fp4 numerics with the paper's ablation switches, as fake quantization (fp32 out, HND in).
+
+    ``fmt``: ``nvfp4`` (1x16, E4M3 scales) or ``mxfp4`` (1x32, power-of-two scales) for Q, K, V and P.
+    ``p_levels``: 2 = two-level P (row max -> 448·6, then per-group scales), 1 = direct (row max -> 1,
+    per-group scales only). ``smooth_mode``/``p_scale``/``delta_s`` as in :func:`quantize` /
+    :func:`attention`; ``q_block``: query rows per smoothing mean; ``v_smooth``: quantize V minus its
+    token mean and add the mean back after normalisation (exact: normalised P rows sum to 1). With the
+    defaults this is :func:`attention` of :func:`quantize` (tested)."""
+    b, hq, lq, d = q.shape
+    lk = k.shape[2]
+    qsm, ksm, ds = smooth(q, k, "HND", delta_s, smooth_mode, q_block)
+    qf, kf = _fake(qsm, fmt), engine.gqa_expand(_fake(ksm, fmt), hq)
+    vbar = v.float().mean(dim=2, keepdim=True) if v_smooth else torch.zeros_like(v[:, :, :1], dtype=torch.float32)
+    vf = engine.gqa_expand(_fake((v.float() - vbar).transpose(-1, -2), fmt), hq)  # (B, Hq, D, Nk)
+    dsx = ds.repeat_interleave(q_block, dim=2)[:, :, :lq]
+    c = engine.default_scale(scale, d) * engine.LOG2E
+    grp = GROUP if fmt == "nvfp4" else 32
+
+    def logits(i0, i1, j0, j1):
+        return (dsx[:, :, i0:i1, j0:j1] + qf[:, :, i0:i1] @ kf[:, :, j0:j1].transpose(-1, -2)) * c
+
+    def pv(p, j0, j1):
+        n = p.shape[-1]
+        if fmt == "mxfp4":
+            pq = _fake(p, "mxfp4")
+        else:
+            pg = F.pad(p, (0, (-n) % grp)).unflatten(-1, (-1, grp))
+            sp = pg.amax(dim=-1, keepdim=True) / E2M1_MAX
+            sp8 = to_e4m3(sp).float()
+            div = sp if p_scale == "unrounded" else sp8
+            y = torch.where(div > 0, pg / torch.where(div > 0, div, torch.ones_like(div)), torch.zeros_like(pg))
+            pq = (round_e2m1(y) * sp8).flatten(-2)[..., :n]
+        return pq @ vf[:, :, :, j0:j1].transpose(-1, -2), p.sum(-1, keepdim=True)
+
+    off = P_OFFSET if p_levels == 2 else 0.0
+    o = engine.run((b, hq, lq, d), lk, logits, pv, None, causal, BLOCK_N, off, q.device)
+    return o + engine.gqa_expand(vbar, hq) if v_smooth else o

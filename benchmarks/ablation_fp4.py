@@ -1,0 +1,151 @@
+"""SageAttention3 (fp4) accuracy ablations on the reference numerics — the same numbers the kernel
+computes (GPU tests: kernel vs reference rel-L1 <= 7e-6 on every set) — so the study runs on any device.
+
+Rows (``variant``): ``nvfp4`` (default: two-level P, Q+K smoothing, P / unrounded scale, ΔS fp32),
+``mxfp4``, ``p_direct`` (one-level P), ``smooth_none``, ``smooth_k``, ``p_scale_rounded``,
+``delta_s_input`` (ΔS rounded to bf16, as upstream), beyond the paper ``q_block_32`` / ``q_block_16``
+(finer Q smoothing) and ``v_smooth`` (V minus its token mean), plus ``int8_fp8`` (per-token, no channel
+balancing) for scale. Sets: gaussian and
+outlier (B=1, H=4, N=1024, hd128, non-causal) and real SmolLM2-135M activations (every layer's q, k, v
+from one 2048-token held-back Shakespeare window, causal, GQA 9/3, hd64; see benchmarks/smollm2.py).
+Metrics vs fp64 attention: cos and rel-L1 (per layer, and the mean over layers).
+
+    python benchmarks/ablation_fp4.py --out benchmarks/results/ablation_fp4.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+VARIANTS = {
+    "nvfp4": {},
+    "mxfp4": dict(fmt="mxfp4"),
+    "p_direct": dict(p_levels=1),
+    "smooth_none": dict(smooth_mode="none"),
+    "smooth_k": dict(smooth_mode="k"),
+    "p_scale_rounded": dict(p_scale="rounded"),
+    "delta_s_input": dict(delta_s="input"),
+    "q_block_32": dict(q_block=32),  # beyond SageAttention3: finer Q smoothing (ΔS grows 4x)
+    "q_block_16": dict(q_block=16),
+    "v_smooth": dict(v_smooth=True),
+    "q_block_16+v_smooth": dict(q_block=16, v_smooth=True),
+}
+
+
+def exact(q, k, v, causal):
+    import torch.nn.functional as F
+
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+
+
+def run_set(name, q, k, v, causal, rows):
+    from helpers import cos_rel
+
+    from sage_compile.reference import fp4, int8_fp8
+
+    want = exact(q, k, v, causal)
+    c = "top_left" if causal else "none"
+    out = {}
+    for var, kw in VARIANTS.items():
+        out[var] = fp4.attention_ablation(q, k, v, c, **kw)
+    out["int8_fp8"] = int8_fp8.attention(*int8_fp8.quantize(q, k, v, "HND"), None, c, None, "HND", torch.float32)
+    for var, o in out.items():
+        cs, l1 = cos_rel(o.double(), want)
+        rows.append((name, var, cs, l1))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default="benchmarks/results/ablation_fp4.json")
+    p.add_argument("--layers", default="all", help="SmolLM2 layers: all | comma list | none")
+    p.add_argument("--ctx", type=int, default=2048)
+    a = p.parse_args()
+    from bench_attention import _commit
+    from helpers import outlier_inputs
+
+    torch.manual_seed(0)
+    base = dict(device="cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(), torch=torch.__version__,
+                commit=_commit(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv), kernel="sage_fp4")
+    recs, t0 = [], time.time()
+
+    def emit(rows, **extra):
+        for name, var, cs, l1 in rows:
+            for metric, val in (("cos", cs), ("rel_l1", l1)):
+                recs.append(dict(base, **extra, inputs=name, variant=var, metric=metric, value=val))
+
+    g = torch.Generator().manual_seed(0)
+    synth = {"gaussian": tuple(torch.randn(1, 4, 1024, 128, generator=g) for _ in range(3)),
+             "outlier": outlier_inputs(1, 4, 1024, 128, g)}
+    for name, (q, k, v) in synth.items():
+        rows = []
+        run_set(name, q.bfloat16(), k.bfloat16(), v.bfloat16(), False, rows)
+        emit(rows, head_dim=128, seq_len=1024, heads=4, causal=False)
+        print(f"[{time.time() - t0:4.0f}s] {name}: " + " ".join(f"{v}={c:.4f}/{l:.3f}" for _, v, c, l in rows), flush=True)
+    if a.layers != "none":
+        import smollm2
+
+        model, tok = smollm2.load()
+        ids = tok(smollm2.text("heldout")[:400000], return_tensors="pt").input_ids[:, 1000:1000 + a.ctx]
+        caps = smollm2.capture_attention_inputs(model, ids)
+        layers = range(len(caps)) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
+        for li in layers:
+            q, k, v, causal = caps[li]
+            rows = []
+            run_set("smollm2", q, k, v, causal, rows)
+            emit(rows, model="SmolLM2-135M", step=li, head_dim=q.shape[-1], seq_len=q.shape[2], heads=q.shape[1],
+                 causal=causal)
+            print(f"[{time.time() - t0:4.0f}s] smollm2 layer {li}: " + " ".join(f"{v}={c:.4f}" for _, v, c, _ in rows),
+                  flush=True)
+        for var in list(VARIANTS) + ["int8_fp8"]:
+            for metric in ("cos", "rel_l1"):
+                vals = [r["value"] for r in recs if r["inputs"] == "smollm2" and r["variant"] == var and r["metric"] == metric]
+                recs.append(dict(base, model="SmolLM2-135M", inputs="smollm2_mean", variant=var, metric=metric,
+                                 value=sum(vals) / len(vals), layers=len(vals), seq_len=a.ctx))
+    with open(a.out, "w") as f:
+        json.dump(recs, f, indent=1)
+    chart(recs, a.out.replace(".json", ".png"))
+    for r in recs:
+        if r["inputs"] in ("gaussian", "outlier", "smollm2_mean") and r["metric"] == "cos":
+            print(f"{r['inputs']:13s} {r['variant']:16s} cos {r['value']:.5f}")
+    print("wrote", a.out)
+
+
+def chart(recs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [s for s in ("gaussian", "outlier", "smollm2_mean") if any(r["inputs"] == s for r in recs)]
+    variants = list(VARIANTS) + ["int8_fp8"]
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
+    for ax, s in zip(axes[0], sets):
+        vals = [next(r["value"] for r in recs if r["inputs"] == s and r["variant"] == v and r["metric"] == "cos")
+                for v in variants]
+        ax.bar(range(len(variants)), vals, color=["C0"] + ["C1"] * (len(variants) - 2) + ["C2"])
+        ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=8)
+        lo = min(vals)
+        ax.set_ylim(max(0.0, lo - (1 - lo) * 0.3), 1.0)
+        ax.set_title(f"{s}: cos vs fp64")
+        for i, val in enumerate(vals):
+            ax.text(i, val, f"{val:.4f}", ha="center", va="bottom", fontsize=6)
+    fig.suptitle("fp4 (SageAttention3 numerics) ablations, reference = kernel numerics")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

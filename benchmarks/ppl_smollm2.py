@@ -1,0 +1,65 @@
+"""SmolLM2-135M perplexity on held-back Shakespeare with every scheme (issue: end to end on real models).
+
+Each scheme runs through ``sage_compile.enable(kernel=...)`` (every SDPA call of the model -> the op): on
+CUDA the kernels, on CPU the reference numerics (the same numbers to accumulation order). Baseline:
+``exact`` (the model's own bf16 SDPA). Non-overlapping windows of ``--ctx`` tokens from the held-back plays.
+
+    python benchmarks/ppl_smollm2.py --ctx 2048 --windows 6 --out benchmarks/results/ppl_smollm2_cpu.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def main():
+    import smollm2
+    from bench_attention import _commit
+
+    import sage_compile
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--windows", type=int, default=6)
+    p.add_argument("--schemes", default="exact,int8_fp8,int8_fp16,fp4")
+    p.add_argument("--out", default="benchmarks/results/ppl_smollm2_cpu.json")
+    a = p.parse_args()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tok = smollm2.load(device=dev)
+    ids = tok(smollm2.text("heldout"), return_tensors="pt").input_ids[0]
+    wins = [ids[i * a.ctx:(i + 1) * a.ctx] for i in range(a.windows)]
+    assert all(len(w) == a.ctx for w in wins), "not enough held-back text for these windows"
+    base = dict(device=dev if dev == "cpu" else torch.cuda.get_device_name(), torch=torch.__version__,
+                commit=_commit(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv),
+                model="SmolLM2-135M", seq_len=a.ctx, batch=1, metric="ppl")
+    recs, t0, ppl = [], time.time(), {}
+    for scheme in a.schemes.split(","):
+        nll, n = 0.0, 0
+        for w in wins:
+            x = w[None].to(dev)
+            with torch.no_grad(), sage_compile.enable(kernel=scheme):
+                logits = model(x).logits.float()
+            nll += torch.nn.functional.cross_entropy(logits[0, :-1], x[0, 1:], reduction="sum").item()
+            n += a.ctx - 1
+        ppl[scheme] = math.exp(nll / n)
+        rel = ppl[scheme] / ppl.get("exact", ppl[scheme]) - 1
+        recs.append(dict(base, kernel=f"sage_{scheme}" if scheme != "exact" else "sdpa", variant=scheme,
+                         value=ppl[scheme], tokens=n, rel_to_exact=rel))
+        print(f"[{time.time() - t0:5.0f}s] {scheme}: ppl {ppl[scheme]:.4f} ({100 * rel:+.2f} % vs exact)", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(recs, f, indent=1)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
