@@ -23,3 +23,26 @@ def outlier_inputs(b, h, n, d, g, hkv=None):
 def bits(t):
     """A tensor comparable bit for bit with torch.equal (float8 viewed as its bytes)."""
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def shape_case(case, g):
+    """Inputs of the kernel shape/mask tests (CPU tensors): ``(q, k, v, mask, causal, layout, dtype)``.
+    Cases: gqa_bottom_right_ragged, bool_mask_nhd, additive_mask, hd80, hd80_fp16, fp16, or any other
+    name for the plain GQA set."""
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    mask, causal, layout, dtype = None, "none", "HND", torch.bfloat16
+    q, k, v = r(2, 8, 1000, 128), r(2, 2, 1300, 128), r(2, 2, 1300, 128)
+    if case == "gqa_bottom_right_ragged":
+        causal = "bottom_right"
+    elif case == "bool_mask_nhd":
+        q, k, v = r(2, 777, 4, 64), r(2, 777, 4, 64), r(2, 777, 4, 64)
+        layout = "NHD"
+        mask = torch.rand(2, 1, 777, 777, generator=g) > 0.5
+        mask[..., 0] = True
+    elif case == "additive_mask":
+        mask = r(2, 8, 1, 1300)
+    elif case.startswith("hd80"):
+        q, k, v = r(1, 4, 500, 80), r(1, 4, 500, 80), r(1, 4, 500, 80)
+    if case.endswith("fp16"):
+        dtype = torch.float16
+    return q.to(dtype), k.to(dtype), v.to(dtype), mask, causal, layout, dtype

@@ -3,7 +3,7 @@ reference (conventions.md rule 2: error <= 1.1x the reference's, rel-L1 between 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, outlier_inputs
+from helpers import bits, cos_rel, outlier_inputs, shape_case
 
 pytestmark = pytest.mark.gpu
 
@@ -50,7 +50,7 @@ def test_core_vs_reference_and_fp32(d, causal, inputs):
     assert kl <= 1.1 * rl and cos_rel(out, ref)[1] <= 5e-3
 
 
-@pytest.mark.parametrize("case", ["gqa_bottom_right_ragged", "bool_mask_nhd", "hd80_fp16", "p_scale_rounded"])
+@pytest.mark.parametrize("case", ["gqa_bottom_right_ragged", "bool_mask_nhd", "hd80_fp16", "upstream_options"])
 def test_shapes_masks_and_options_vs_reference(case):
     """The op on CUDA (kernel) vs the op on CPU (reference): GQA, Lq != Lk, ragged tails, masks, NHD,
     padded head dims, fp16, and the numeric options."""
@@ -58,21 +58,10 @@ def test_shapes_masks_and_options_vs_reference(case):
     from sage_compile import ops
 
     assert ops.has_fast_impl("fp4", "cuda")
-    g = torch.Generator().manual_seed(5)
-    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    mask, causal, layout, dtype, opts = None, "none", "HND", torch.bfloat16, sage_compile.Options()
-    q, k, v = r(2, 8, 1000, 128), r(2, 2, 1300, 128), r(2, 2, 1300, 128)
-    if case == "gqa_bottom_right_ragged":
-        causal = "bottom_right"
-    elif case == "bool_mask_nhd":
-        q, k, v = r(2, 777, 4, 64), r(2, 777, 4, 64), r(2, 777, 4, 64)
-        layout = "NHD"
-        mask = torch.rand(2, 1, 777, 777, generator=g) > 0.5
-    elif case == "hd80_fp16":
-        q, k, v, dtype = r(1, 4, 500, 80), r(1, 4, 500, 80), r(1, 4, 500, 80), torch.float16
-    elif case == "p_scale_rounded":
-        opts = sage_compile.Options(fp4_p_scale="rounded", fp4_delta_s="input")
-    q, k, v = (t.to(dtype) for t in (q, k, v))
+    q, k, v, mask, causal, layout, dtype = shape_case(case, torch.Generator().manual_seed(5))
+    opts = sage_compile.Options()
+    if case == "upstream_options":  # SageAttention3 as published (the defaults are rounded / fp32)
+        opts = sage_compile.Options(fp4_p_scale="unrounded", fp4_delta_s="input")
     out = ops.attention(q.cuda(), k.cuda(), v.cuda(), None if mask is None else mask.cuda(), causal, None, layout,
                         "fp4", opts.encode()).cpu()
     ref = ops.attention(q, k, v, mask, causal, None, layout, "fp4", opts.encode())

@@ -3,7 +3,7 @@ accuracy goals vs fp32 SDPA on gaussian and outlier inputs, poisoned outputs, an
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, outlier_inputs
+from helpers import bits, cos_rel, outlier_inputs, shape_case
 from torch._dynamo.utils import counters
 
 import sage_compile
@@ -103,26 +103,10 @@ def test_outlier_goal_of_issue_3(d):
 
 @pytest.mark.parametrize("case", ["gqa_bottom_right_ragged", "bool_mask_nhd", "additive_mask", "hd80", "fp16"])
 def test_shapes_and_masks(case):
-    g = torch.Generator().manual_seed(7)
-    r = lambda *s: torch.randn(*s, generator=g).cuda()  # noqa: E731
-    mask, causal, layout, dtype = None, "none", "HND", torch.bfloat16
-    q, k, v = r(2, 8, 1000, 128), r(2, 2, 1300, 128), r(2, 2, 1300, 128)
-    if case == "gqa_bottom_right_ragged":
-        causal = "bottom_right"
-    elif case == "bool_mask_nhd":
-        q, k, v = r(2, 777, 4, 64), r(2, 777, 4, 64), r(2, 777, 4, 64)
-        layout = "NHD"
-        mask = torch.rand(2, 1, 777, 777, generator=g).cuda() > 0.5
-        mask[..., 0] = True
-    elif case == "additive_mask":
-        mask = r(2, 8, 1, 1300)
-    elif case == "hd80":
-        q, k, v = r(1, 4, 500, 80), r(1, 4, 500, 80), r(1, 4, 500, 80)
-    elif case == "fp16":
-        dtype = torch.float16
-    q, k, v = (t.to(dtype) for t in (q, k, v))
+    q, k, v, mask, causal, layout, dtype = shape_case(case, torch.Generator().manual_seed(7))
+    ref = sage_compile.attention(q, k, v, mask, causal, None, layout, "int8_fp8")
+    q, k, v, mask = (None if t is None else t.cuda() for t in (q, k, v, mask))
     out = sage_compile.attention(q, k, v, mask, causal, None, layout, "int8_fp8")
-    ref = sage_compile.attention(q.cpu(), k.cpu(), v.cpu(), None if mask is None else mask.cpu(), causal, None, layout, "int8_fp8")
     assert out.dtype == dtype and out.shape == q.shape and torch.isfinite(out).all()
     assert cos_rel(out.float().cpu(), ref.float())[1] < 2e-3
 
