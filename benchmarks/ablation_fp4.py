@@ -77,7 +77,8 @@ def main():
     from helpers import outlier_inputs
 
     torch.manual_seed(0)
-    base = dict(device="cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name(), torch=torch.__version__,
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    base = dict(device=dev, torch=torch.__version__,
                 commit=_commit(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv), kernel="sage_fp4")
     recs, t0 = [], time.time()
 
@@ -93,7 +94,8 @@ def main():
         rows = []
         run_set(name, q.bfloat16(), k.bfloat16(), v.bfloat16(), False, rows)
         emit(rows, head_dim=128, seq_len=1024, heads=4, causal=False)
-        print(f"[{time.time() - t0:4.0f}s] {name}: " + " ".join(f"{v}={c:.4f}/{l:.3f}" for _, v, c, l in rows), flush=True)
+        line = " ".join(f"{v}={c:.4f}/{l:.3f}" for _, v, c, l in rows)
+        print(f"[{time.time() - t0:4.0f}s] {name}: {line}", flush=True)
     if a.layers != "none":
         import smollm2
 
@@ -111,7 +113,8 @@ def main():
                   flush=True)
         for var in list(VARIANTS) + ["int8_fp8"]:
             for metric in ("cos", "rel_l1"):
-                vals = [r["value"] for r in recs if r["inputs"] == "smollm2" and r["variant"] == var and r["metric"] == metric]
+                vals = [r["value"] for r in recs
+                        if r["inputs"] == "smollm2" and r["variant"] == var and r["metric"] == metric]
                 recs.append(dict(base, model="SmolLM2-135M", inputs="smollm2_mean", variant=var, metric=metric,
                                  value=sum(vals) / len(vals), layers=len(vals), seq_len=a.ctx))
     with open(a.out, "w") as f:

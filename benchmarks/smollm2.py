@@ -62,8 +62,9 @@ def capture_attention_inputs(model, ids: torch.Tensor) -> list[tuple[torch.Tenso
             if func is F.scaled_dot_product_attention:
                 q, k, v = args[:3]
                 hq, hkv = q.shape[1], k.shape[1]
-                if hkv == hq and kwargs.get("enable_gqa") is None and getattr(model.config, "num_key_value_heads", hq) < hq:
-                    g = hq // model.config.num_key_value_heads  # repeat_kv'd: keep one copy per group
+                n_kv = getattr(model.config, "num_key_value_heads", hq)
+                if hkv == hq and kwargs.get("enable_gqa") is None and n_kv < hq:
+                    g = hq // n_kv  # repeat_kv'd: keep one copy per group
                     k, v = k[:, ::g], v[:, ::g]
                 causal = bool(kwargs.get("is_causal", False)) or (kwargs.get("attn_mask") is not None)
                 got.append((q.detach().clone(), k.detach().clone(), v.detach().clone(), causal))

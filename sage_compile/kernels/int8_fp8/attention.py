@@ -5,9 +5,9 @@ the softmax scale·log2e folded into Q's; online softmax in the exp2 domain over
 running row max mapped to 448; P̃ rounded to FP8 E4M3 and multiplied with the FP8 V tile, the tile's
 product promoted to fp32 once per tile (two-level accumulation via ``max_num_imprecise_acc``); row sums
 from unrounded fp32 P̃; O·δ_V/l at the end. Masks: causal (top_left / bottom_right) from indices;
-bool / additive masks read in-kernel through broadcast strides, except the bool masks LLMs build (causal +
-key padding, key padding alone), recognised on the device and run as causal / key-range sweeps. Same tiling as the reference
-(BLOCK_N = 128), so the two agree to accumulation-order noise.
+bool / additive masks read in-kernel through broadcast strides, except the bool masks LLMs build
+(causal + key padding, key padding alone), recognised on the device and run as causal / key-range sweeps.
+Same tiling as the reference (BLOCK_N = 128), so the two agree to accumulation-order noise.
 """
 from __future__ import annotations
 
