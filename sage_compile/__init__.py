@@ -49,17 +49,18 @@ def _map_source_passes() -> None:
 _map_source_passes()
 
 
-def attention(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8"):
+def attention(q, k, v, attn_mask=None, causal="none", scale=None, layout="HND", scheme="int8_fp8", options=None):
     """Quantized attention; see ``torch.ops.sage_compile.attention`` (:func:`sage_compile.ops.attention`).
 
+    ``options``: a :class:`sage_compile.Options` (numeric variants; default ``Options()``).
     ``scheme="int8_train"`` runs SageBwd (8-bit forward and backward, its own gradients); the other
     schemes' gradients are exact attention's (straight-through)."""
     from . import ops
 
     if scheme == "int8_train":
         ops.check_inputs(q, k, v, attn_mask, causal, layout)
-        return ops.run_scheme(q, k, v, attn_mask, causal, scale, layout, scheme)
-    return ops.attention(q, k, v, attn_mask, causal, scale, layout, scheme)
+        return ops.run_scheme(q, k, v, attn_mask, causal, scale, layout, scheme, options)
+    return ops.attention(q, k, v, attn_mask, causal, scale, layout, scheme, options.encode() if options else "")
 
 
 def __getattr__(name):

@@ -53,6 +53,7 @@ class _SageMode(TorchFunctionMode):
     def __init__(self, cfg: _config.Config):
         super().__init__()
         self.cfg = cfg
+        self.options = cfg.options.encode()  # a plain string: traced cleanly when Dynamo runs inside the mode
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -73,9 +74,11 @@ class _SageMode(TorchFunctionMode):
                 raise policy.UnsupportedSite(f"sage_compile (strict): {dec.reason}")
             log.debug("eager SDPA kept: %s", dec.reason)
             return func(*args, **kwargs)
-        from . import attention
+        from . import attention, ops
 
-        return attention(q, k, v, a["attn_mask"], site.causal, a["scale"], "HND", dec.scheme)
+        if dec.scheme == "int8_train":
+            return attention(q, k, v, a["attn_mask"], site.causal, a["scale"], "HND", dec.scheme, self.cfg.options)
+        return ops.attention(q, k, v, a["attn_mask"], site.causal, a["scale"], "HND", dec.scheme, self.options)
 
 
 @contextlib.contextmanager

@@ -148,6 +148,12 @@ def test_eager_context_manager():
         kept = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)  # unsupported: SDPA runs, not an error
     assert not torch.equal(out, ref) and cos_rel(out, ref)[0] > 0.95
     assert kept.shape == q.shape
+    with sage_compile.enable(kernel="fp4", fp4_smooth="none"):  # numeric options reach the op
+        assert torch.equal(F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                           sage_compile.attention(q, k, v, None, "top_left", None, "HND", "fp4",
+                                                  sage_compile.Options(fp4_smooth="none")))
+    assert not torch.equal(out, sage_compile.attention(q, k, v, None, "top_left", None, "HND", "fp4",
+                                                       sage_compile.Options(fp4_smooth="none")))
     with sage_compile.enable(kernel="int8_fp8"):
         m = sage_compile.models.TinyDiT(dim=128, heads=2, depth=1).eval()
         x = torch.randn(1, 64, 16, generator=g)
