@@ -24,10 +24,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 
 def _commit():
+    """``SAGE_COMPILE_COMMIT`` when set (the GPU machine's copy may carry a stale .git), else git HEAD."""
+    if os.environ.get("SAGE_COMPILE_COMMIT"):
+        return os.environ["SAGE_COMPILE_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                              cwd=os.path.dirname(__file__)).stdout.strip()
-        return out if len(out) == 40 else os.environ.get("SAGE_COMPILE_COMMIT")  # the GPU copy has no .git
+        return out if len(out) == 40 else None
     except OSError:
         return None
 
