@@ -16,19 +16,26 @@ from .._common import EMULATE_FP8, rne, to_e4m3
 
 
 @triton.jit
+def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's (BLOCK_N tokens, BLOCK_D channels) tile of a strided (B, H, N, D) tensor, as fp32
+    (zeros outside), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    inb = (rn[:, None] < N) & (rd[None, :] < D)
+    x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
+    return x, bh, b, h, rn, rd, inb
+
+
+@triton.jit
 def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
                      HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      EMULATE: tl.constexpr):
     """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
     s of shape (B, H // GROUP, D))."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    inb = (rn[:, None] < N) & (rd[None, :] < D)
-    x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
+    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
@@ -55,14 +62,7 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
 @triton.jit
 def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  EMULATE: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    inb = (rn[:, None] < N) & (rd[None, :] < D)
-    v = tl.load(V + b * svb + h * svh + rn[:, None] * svn + rd[None, :] * svd, mask=inb, other=0.0).to(tl.float32)
+    v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
     sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
     safe = tl.where(sc == 0.0, 1.0, sc)
     y = tl.math.div_rn(v, tl.broadcast_to(safe[None, :], v.shape))
