@@ -21,9 +21,9 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None and _capability_ok((8, 9)):
     from . import int8_fp8
 
-    # auto=False: on the H200 the Triton kernel (584 TOPS hd128 16K kernel-only, 555 with its prologue)
-    # is still slower than SDPA cuDNN (628) (benchmarks/results/attention_h200.json), so ``auto`` keeps
-    # SDPA there; ``kernel="int8_fp8"`` selects it explicitly.
+    # auto=False: on the H200 the Triton core beats SDPA cuDNN at hd128 16K (653 vs 623 TOPS) but with its
+    # prologue (569 channel-balanced, 615 without) it does not, nor at other shapes
+    # (benchmarks/results/attention_h200.json), so ``auto`` keeps SDPA; ``kernel="int8_fp8"`` selects it.
     ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
     from . import fp4
 
