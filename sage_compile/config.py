@@ -29,6 +29,10 @@ class Options:
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
+    prologue: ``op`` (the prologue custom op: Triton kernels on CUDA) or ``graph`` (the prologue as plain
+        torch ops in the graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm; on CPU
+        it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` stays
+        opt-in until its GPU timing and Inductor's GPU division rounding are measured.
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """
@@ -38,10 +42,12 @@ class Options:
     fp4_smooth: str = "qk"
     int8_channel_rescale: bool = True
     switchable: bool = False
+    prologue: str = "op"
 
     def encode(self) -> str:
         """The numeric options as a string (an argument of the composed op)."""
-        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k != "switchable"}, sort_keys=True)
+        skip = ("switchable", "prologue")  # graph-shape choices, not numerics
+        return json.dumps({k: v for k, v in dataclasses.asdict(self).items() if k not in skip}, sort_keys=True)
 
     @classmethod
     def decode(cls, s: str) -> "Options":

@@ -1,0 +1,70 @@
+"""The prologue as graph ops (``prologue="graph"``): Inductor fuses RoPE and the quantizer into one kernel,
+and the quantized tensors are the prologue op's bits given the same inputs."""
+import re
+
+import pytest
+import torch
+from helpers import bits, cos_rel
+from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
+
+import sage_compile
+from sage_compile.reference import int8_fp8 as R
+
+
+def _rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_rope_and_quantize_fuse_bit_identical(monkeypatch, rescale):
+    """Inductor on the reference prologue after RoPE: one kernel, the eager bits (with eager's bf16
+    intermediate rounding emulated, so both quantize identical inputs). With channel balancing the
+    factors (a sqrt of a ratio: smoothing, not quantization) may round differently under Inductor's
+    vectorised math: there the quantized tensors agree to those last bits."""
+    monkeypatch.setattr(torch._inductor.config, "emulate_precision_casts", True)
+
+    def f(q, k, v, cos, sin):
+        return R.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", rescale)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=g).bfloat16() for _ in range(3))
+    k[..., 3] += 4  # an outlier channel
+    cos, sin = (torch.randn(64, 32, generator=g).bfloat16() for _ in range(2))
+    got, code = run_and_get_code(torch.compile(f, backend="inductor"), q, k, v, cos, sin)
+    kernels = set(re.findall(r"cpp_fused_\w+", "\n".join(code)))
+    assert len(kernels) == 1 and all(op in next(iter(kernels)) for op in ("cat", "neg", "round", "amax")), kernels
+    for a, b in zip(got, f(q, k, v, cos, sin)):
+        assert a.dtype == b.dtype
+        if not rescale:
+            assert torch.equal(bits(a), bits(b))
+        elif a.dtype == torch.float32:  # scales
+            assert ((a - b).abs() <= 4e-7 * b.abs()).all()
+        else:
+            assert (a.float() - b.float()).abs().max() <= 1 and (a != b).float().mean() < 0.01
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    m = sage_compile.models.TinyLlama(dim=64, heads=4, kv_heads=2, depth=1).eval()
+    ids = torch.randint(0, 512, (2, 96), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for mode in ("op", "graph"):
+        torch._dynamo.reset()
+        counters.clear()
+        c = torch.compile(m, backend=sage_compile.make_backend(kernel="int8_fp8", prologue=mode))
+        with torch.no_grad():
+            out[mode] = run_and_get_code(c, ids)
+        out[mode + "_replaced"] = counters["sage_compile"]["scheme:int8_fp8"]
+    return out
+
+
+def test_compiled_model_graph_prologue(llama_pair):
+    (o_op, code_op), (o_graph, code_graph) = llama_pair["op"], llama_pair["graph"]
+    assert llama_pair["op_replaced"] == llama_pair["graph_replaced"] == 1
+    assert "quantize_int8_fp8" in "\n".join(code_op)
+    src = "\n".join(code_graph)
+    assert "quantize_int8_fp8" not in src and "attention_int8_fp8" in src
+    assert any("round" in k and "cat" in k for k in re.findall(r"cpp_fused_\w+", src))  # RoPE + quantize
+    assert cos_rel(o_graph.float(), o_op.float())[0] > 0.9999
