@@ -26,6 +26,17 @@ def custom_graph_pass_base():
     return CustomGraphPass
 
 
+def inductor_division_rounding_key():
+    """The Inductor option that makes generated Triton code divide with ``div_rn`` (IEEE) instead of the
+    approximate ``div.full``: ``eager_numerics.division_rounding`` (2.13), ``emulate_divison_rounding``
+    (sic; 2.10/2.11). ``None`` if neither exists."""
+    import torch._inductor.config as c
+
+    if hasattr(getattr(c, "eager_numerics", None), "division_rounding"):
+        return "eager_numerics.division_rounding"
+    return "emulate_divison_rounding" if hasattr(c, "emulate_divison_rounding") else None
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -60,6 +60,26 @@ def llama_pair():
     return out
 
 
+def test_graph_prologue_asks_inductor_for_ieee_division(monkeypatch):
+    """On the GPU Inductor's Triton '/' is approximate; the graph prologue switches division_rounding on."""
+    from sage_compile import _compat
+
+    key = _compat.inductor_division_rounding_key()
+    assert key is not None
+    seen = {}
+    real = torch._inductor.compile_fx.compile_fx
+
+    def spy(gm, example_inputs, config_patches=None, **kw):
+        seen.update(config_patches or {})
+        return real(gm, example_inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", spy)
+    f = lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    with torch.no_grad():
+        torch.compile(f, backend=sage_compile.make_backend(kernel="int8_fp8", prologue="graph"))(torch.randn(1, 2, 8, 16))
+    assert seen.get(key) is True
+
+
 def test_compiled_model_graph_prologue(llama_pair):
     (o_op, code_op), (o_graph, code_graph) = llama_pair["op"], llama_pair["graph"]
     assert llama_pair["op_replaced"] == llama_pair["graph_replaced"] == 1
