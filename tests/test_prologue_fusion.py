@@ -88,3 +88,15 @@ def test_compiled_model_graph_prologue(llama_pair):
     assert "quantize_int8_fp8" not in src and "attention_int8_fp8" in src
     assert any("round" in k and "cat" in k for k in re.findall(r"cpp_fused_\w+", src))  # RoPE + quantize
     assert cos_rel(o_graph.float(), o_op.float())[0] > 0.9999
+
+
+def test_fp4_graph_prologue_matches_op():
+    """The fp4 prologue (smoothing, ΔS, NVFP4 packing) traces into the graph too."""
+    m = sage_compile.models.TinyDiT(dim=64, heads=2, depth=1).eval()
+    x = torch.randn(1, 64, 16, generator=torch.Generator().manual_seed(2))
+    out = {}
+    with torch.no_grad():
+        for mode in ("op", "graph"):
+            torch._dynamo.reset()
+            out[mode] = torch.compile(m, backend=sage_compile.make_backend(kernel="fp4", prologue=mode))(x)
+    assert cos_rel(out["graph"], out["op"])[0] > 0.99999
