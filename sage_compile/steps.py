@@ -27,11 +27,15 @@ def current() -> Optional[str]:
     return _current[0]
 
 
-def _set(scheme: Optional[str]) -> None:
+def _check(scheme: Optional[str]) -> None:
     if scheme is not None and scheme not in SCHEMES:
         raise ValueError(f"sage_compile: override scheme must be one of {SCHEMES} or None, got {scheme!r}")
     if scheme == "int8_train":
         raise ValueError("sage_compile: int8_train is a training scheme; overrides are for inference sites")
+
+
+def _set(scheme: Optional[str]) -> None:
+    _check(scheme)
     _current[0] = scheme
 
 
@@ -57,8 +61,7 @@ class HybridSteps:
     def __init__(self, num_steps: int, first: int = 1, last: int = 1, scheme: str = "int8_fp8"):
         if num_steps < 1 or first < 0 or last < 0:
             raise ValueError(f"HybridSteps: need num_steps >= 1, first/last >= 0 (got {num_steps}, {first}, {last})")
-        _set(scheme)
-        _set(None)
+        _check(scheme)
         self.num_steps, self.first, self.last, self.scheme = num_steps, first, last, scheme
         self._prev: list = []
 

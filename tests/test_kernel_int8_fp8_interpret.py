@@ -84,10 +84,10 @@ def _llm_mask(b, lq, lk, pad, causal=True, side="right"):
     j = torch.arange(lk)
     keep = torch.ones(b, lk, dtype=torch.bool)
     for i, p in enumerate(pad):
-        if p:
-            keep[i, lk - p:] = False if side == "right" else keep[i, lk - p:]
-            if side == "left":
-                keep[i, :p] = False
+        if p and side == "right":
+            keep[i, lk - p:] = False
+        elif p:
+            keep[i, :p] = False
     m = keep[:, None, :].expand(b, lq, lk)
     if causal:
         m = m & (j[None, :] <= torch.arange(lq)[:, None] + (lk - lq))

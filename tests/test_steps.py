@@ -20,6 +20,9 @@ def test_schedule_and_callback():
     assert steps.current() is None
     with pytest.raises(ValueError, match="override scheme"):
         sage_compile.HybridSteps(4, scheme="fp8")
+    with sage_compile.override("exact"):
+        sage_compile.HybridSteps(4)  # building a schedule leaves the override in force alone
+        assert steps.current() == "exact"
     with pytest.raises(ValueError, match="training scheme"):
         with sage_compile.override("int8_train"):
             pass
