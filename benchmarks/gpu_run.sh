@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's steps, logs under $OUT (see benchmarks/README.md):
-#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench ncu
+#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block ncu
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -19,6 +19,8 @@ for step in "$@"; do
           tail -45 "$OUT/tune.log" ;;
     bench) timeout ${BENCH_TIMEOUT:-3000} python3 benchmarks/bench_attention.py --flex --out "$OUT/attention_h200.json" > "$OUT/bench.log" 2>&1
            tail -40 "$OUT/bench.log" ;;
+    block) timeout ${BLOCK_TIMEOUT:-900} python3 benchmarks/bench_block.py --out "$OUT/block_h200.json" ${BLOCK_ARGS:-} > "$OUT/block.log" 2>&1
+           tail -40 "$OUT/block.log" ;;
     ncu) timeout 200 ncu --clock-control none --set full -k regex:_fwd_body -c 1 -o "$OUT/int8_fp8_hd128_16k" \
            python3 benchmarks/profile_one.py > "$OUT/ncu.log" 2>&1
          ncu --import "$OUT/int8_fp8_hd128_16k.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1

@@ -100,3 +100,43 @@ def test_fp4_graph_prologue_matches_op():
             torch._dynamo.reset()
             out[mode] = torch.compile(m, backend=sage_compile.make_backend(kernel="fp4", prologue=mode))(x)
     assert cos_rel(out["graph"], out["op"])[0] > 0.99999
+
+
+def _fused_kernels(src: str) -> set:
+    """Names of the fused kernels Inductor generated (Triton on CUDA, C++ on CPU)."""
+    return set(re.findall(r"\b(?:triton_(?:poi|per|red)|cpp)_fused_\w+", src))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rescale", [False, True])
+def test_rope_and_quantize_fuse_on_gpu(rescale):
+    """On CUDA: RoPE never stands alone (every kernel with RoPE's cat/neg also quantizes or reduces), the
+    Q path is one kernel (RoPE + per-token amax + round), and the quantized tensors are the prologue
+    op's (its Triton kernels) bit for bit where their inputs are identical: Q and V exactly; K up to the
+    K-mean's summation order (conventions.md quantizer rule)."""
+    from sage_compile import _compat
+    from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+    def f(q, k, v, cos, sin):
+        return R.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", rescale)
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(3))
+    k[..., 3] += 4
+    cos, sin = (torch.randn(1000, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    patches = {"emulate_precision_casts": True, _compat.inductor_division_rounding_key(): True}
+    with torch._inductor.config.patch(patches):
+        got, code = run_and_get_code(torch.compile(f, backend="inductor"), q, k, v, cos, sin)
+    kernels = _fused_kernels("\n".join(code))
+    rope = [n for n in kernels if "cat" in n or "neg" in n]
+    assert rope and all(any(op in n for op in ("round", "amax", "max", "sum", "mean")) for n in rope), kernels
+    assert any("cat" in n and "round" in n for n in kernels), kernels
+    want = KQ.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", rescale)
+    for name, a, b in zip(("q8", "qs", "k8", "ks", "v8", "vs"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if name in ("v8", "vs") or (name in ("q8", "qs") and not rescale):
+            assert torch.equal(bits(a), bits(b)), name
+        elif a.dtype == torch.float32:
+            assert ((a - b).abs() <= 1e-6 * b.abs()).all(), name
+        else:
+            assert (a.float() - b.float()).abs().max() <= 1 and (a != b).float().mean() < 0.01, name

@@ -1,0 +1,197 @@
+"""Attention blocks of real diffusion transformers (random weights): RoPE + QK-norm + attention + output
+projection, as diffusers runs them, compiled four ways in one process (issue: fused prologue):
+
+    inductor   torch.compile, SDPA as Inductor picks it          variant "default"
+    sdpa_cudnn torch.compile under sdpa_kernel(CUDNN_ATTENTION)  variant "cudnn"
+    int8_fp8   backend="sage", prologue="op" (custom op kernels) variant "unfused"
+    int8_fp8   backend="sage", prologue="graph" (Inductor fuses the quantizer into RoPE/QK-norm) variant "fused"
+
+    python benchmarks/bench_block.py --out benchmarks/results/block_h200.json [--models cogvideox,flux] [--n 1024,4096,16384]
+
+Models: ``cogvideox`` = CogVideoX-2B's ``attn1`` (dim 1920, 30 heads x 64, LayerNorm QK-norm, RoPE on the
+video tokens, 226 text tokens); ``flux`` = Flux's joint ``attn`` (dim 3072, 24 heads x 128, RMSNorm QK-norm,
+RoPE on all tokens, 512 text tokens). N = image/video tokens; batch 1; bf16.
+
+Per variant: the module's time (``triton.testing.do_bench`` median, ms), and from one profiled iteration
+its CUDA kernel time split by kernel name into ``gemm`` (projections), ``core`` (the attention kernel) and
+``other`` (QK-norm, RoPE, the quantization prologue, elementwise); ``attention`` = core + other = what the
+projections do not take. Also the first call's wall time (compile) and the output's cos / rel-L1 vs the
+``default`` variant. Records follow shared/docs/conventions.md with a ``part`` field.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit  # noqa: E402
+
+_CORE = re.compile(r"sdpa|flash|fmha|attention|_fwd_body|attn", re.I)
+_GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|sm90_|splitk|cublas", re.I)
+
+
+def build(model: str, n: int, device: str):
+    """(module, kwargs, heads, head_dim) with random weights and inputs; RoPE tables from random angles."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if model == "cogvideox":
+        from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+        heads, hd, dim, txt = 30, 64, 1920, 226
+        m = CogVideoXBlock(dim=dim, num_attention_heads=heads, attention_head_dim=hd, time_embed_dim=512).attn1
+        rope_len = n
+    elif model == "flux":
+        from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+        heads, hd, dim, txt = 24, 128, 3072, 512
+        m = FluxTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=hd).attn
+        rope_len = n + txt
+    else:
+        raise ValueError(model)
+    m = m.to(device=device, dtype=torch.bfloat16).eval()
+    ang = torch.rand(rope_len, hd, generator=g) * 2 * math.pi
+    rope = (ang.cos().to(device), ang.sin().to(device))
+    x = torch.randn(1, n, dim, generator=g).to(device, torch.bfloat16)
+    enc = torch.randn(1, txt, dim, generator=g).to(device, torch.bfloat16)
+    return m, dict(hidden_states=x, encoder_hidden_states=enc, image_rotary_emb=rope), heads, hd
+
+
+def variants():
+    import sage_compile
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    nullctx = lambda: torch.autograd.grad_mode.no_grad()  # noqa: E731
+
+    def cudnn_ctx():
+        return _Both(torch.no_grad(), sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))
+
+    return {
+        ("inductor", "default"): ("inductor", nullctx),
+        ("sdpa_cudnn", "cudnn"): ("inductor", cudnn_ctx),
+        ("int8_fp8", "unfused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="op"), nullctx),
+        ("int8_fp8", "fused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="graph"), nullctx),
+    }
+
+
+class _Both:
+    def __init__(self, *cms):
+        self.cms = cms
+
+    def __enter__(self):
+        for c in self.cms:
+            c.__enter__()
+
+    def __exit__(self, *exc):
+        for c in reversed(self.cms):
+            c.__exit__(*exc)
+
+
+def kernel_split(fn) -> dict:
+    """CUDA kernel time (ms) of one call of ``fn``, split into gemm / core / other by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    split = {"gemm": 0.0, "core": 0.0, "other": 0.0}
+    names = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t = e.device_time / 1e3  # us -> ms
+        part = "core" if _CORE.search(e.name) else "gemm" if _GEMM.search(e.name) else "other"
+        split[part] += t
+        names[e.name[:90]] = (part, round(names.get(e.name[:90], (part, 0.0))[1] + t, 4))
+    return split, names
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/block_h200.json")
+    ap.add_argument("--models", default="cogvideox,flux")
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--verbose", action="store_true", help="print every kernel with its class")
+    a = ap.parse_args()
+    import triton
+
+    import sage_compile
+    from sage_compile.debug import last_reports
+
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    dev = torch.cuda.get_device_name()
+    meta = dict(device=dev, torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(),
+                command="python " + " ".join(sys.argv), batch=1, inputs="random weights, gaussian activations")
+    recs = []
+
+    def rec(**kw):
+        recs.append({**meta, **kw})
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump(recs, f, indent=1)
+
+    for model in a.models.split(","):
+        for n in (int(s) for s in a.n.split(",")):
+            m, kw, heads, hd = build(model, n, "cuda")
+            ref = None
+            for (kernel, variant), (backend, ctx) in variants().items():
+                torch._dynamo.reset()
+                c = torch.compile(m, backend=backend)
+                base = dict(kernel=kernel, variant=variant, model=model, seq_len=n, heads=heads, head_dim=hd)
+                try:
+                    with ctx():
+                        t0 = time.perf_counter()
+                        out = c(**kw)
+                        torch.cuda.synchronize()
+                        compile_s = time.perf_counter() - t0
+                        fn = lambda: c(**kw)  # noqa: E731
+                        ms = triton.testing.do_bench(fn, warmup=50, rep=300)
+                        split, names = kernel_split(fn)
+                except Exception as e:  # a variant that fails is reported, the others still run
+                    print(f"{model} N={n} {kernel}/{variant}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    rec(**base, metric="failed", value=1, note=f"{type(e).__name__}: {str(e)[:300]}")
+                    continue
+                y = torch.cat([t.flatten().float() for t in out])
+                sites = ""
+                if kernel == "int8_fp8":
+                    rep = last_reports()
+                    sites = sage_compile.format_report(rep[-1]) if rep else "no report"
+                if ref is None:
+                    ref = y
+                cos = torch.nn.functional.cosine_similarity(y.double(), ref.double(), dim=0).item()
+                rel = ((y - ref).abs().sum() / ref.abs().sum()).item()
+                attn = split["core"] + split["other"]
+                print(f"{model:9s} N={n:6d} {kernel:10s} {variant:8s} {ms:8.3f} ms  compile {compile_s:6.1f} s  "
+                      f"gemm {split['gemm']:.3f} core {split['core']:.3f} other {split['other']:.3f} "
+                      f"(attention {attn:.3f})  cos {cos:.5f} rel-L1 {rel:.4f}", flush=True)
+                if a.verbose:
+                    for k_, (part, t) in sorted(names.items(), key=lambda x: -x[1][1]):
+                        print(f"      {part:5s} {t:8.4f}  {k_}")
+                if sites:
+                    print("      " + sites.splitlines()[0], flush=True)
+                    base["note"] = sites.splitlines()[0]
+                rec(**base, part="block", metric="ms", value=ms)
+                for part in ("gemm", "core", "other"):
+                    rec(**base, part=part, metric="ms", value=split[part])
+                rec(**base, part="attention", metric="ms", value=attn)
+                rec(**base, part="block", metric="compile_s", value=compile_s)
+                rec(**base, part="block", metric="cos", value=cos)
+                rec(**base, part="block", metric="rel_l1", value=rel)
+            del m, kw
+            torch.cuda.empty_cache()
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
