@@ -82,8 +82,11 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 q, k, v = (emit("call_method", "unsqueeze", (t, 0)) for t in (q, k, v))
                 if mask is not None and val(mask).dim() == 3:
                     mask = emit("call_method", "unsqueeze", (mask, 0))
+            ac = site.autocast_dtype
+            if ac is not None:  # what autocast would do to SDPA's inputs, done explicitly
+                q, k, v = (t if val(t).dtype == ac else emit("call_method", "to", (t, ac)) for t in (q, k, v))
             scale = _scale_arg(graph, site, emit)
-            out_dtype = val(site.q).dtype
+            out_dtype = site.dtype
             if options.switchable and dec.scheme != "int8_train":  # the composed op: run-time overrides
                 out = emit("call_function", ops.attention.default,
                            (q, k, v, mask, site.causal, scale, site.layout, dec.scheme, options.encode()))
@@ -106,7 +109,8 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 out = emit("call_function", ops.attention_fp4.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
             elif dec.scheme == "int8_train":
-                pair = emit("call_function", ops.attention_train.default, (q, k, v, site.causal, scale, site.layout))
+                pair = emit("call_function", ops.attention_train.default,
+                            (q, k, v, mask, site.causal, scale, site.layout))
                 out = emit("call_function", operator.getitem, (pair, 0))
             else:
                 raise ValueError(f"rewrite: no ops for scheme {dec.scheme!r}")

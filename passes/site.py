@@ -67,13 +67,27 @@ class Site:
         return self._shape(self.v)
 
     @property
+    def autocast_dtype(self):
+        """The 16-bit dtype autocast gives an SDPA call whose inputs differ from it (e.g. fp32 q/k out of
+        RoPE beside a bf16 v under ``torch.autocast``): Dynamo's graph holds the inputs uncast, the output
+        meta says what autocast computes in. None elsewhere."""
+        out = val(self.node)
+        ins = tuple(getattr(val(t), "dtype", None) for t in (self.q, self.k, self.v))
+        if self.kind != "sdpa" or not isinstance(out, torch.Tensor) or None in ins:
+            return None
+        if out.dtype in (torch.float16, torch.bfloat16) and any(d != out.dtype for d in ins):
+            return out.dtype
+        return None
+
+    @property
     def dtype(self):
         t = val(self.q)
-        return None if t is None else t.dtype
+        return None if t is None else (self.autocast_dtype or t.dtype)
 
     @property
     def dtypes(self) -> tuple:
-        return tuple(getattr(val(t), "dtype", None) for t in (self.q, self.k, self.v))
+        ac = self.autocast_dtype
+        return (ac,) * 3 if ac else tuple(getattr(val(t), "dtype", None) for t in (self.q, self.k, self.v))
 
     @property
     def device_type(self) -> str:

@@ -72,9 +72,6 @@ def decide(site, config, device_type: str) -> Decision:
     if site.requires_grad and scheme not in ("exact", "int8_train"):
         return Decision(None, f"gradients needed: {scheme} is inference-only, kept exact (use int8_train)",
                         fallback=True)
-    if scheme == "int8_train" and site.mask_kind != "none":
-        return Decision(None, f"int8_train supports causal masks only, not a {site.mask_kind} mask: kept",
-                        fallback=True)
     if scheme not in IMPLEMENTED:
         return Decision(None, f"scheme {scheme} not implemented yet: kept", fallback=True)
     if scheme == "exact":

@@ -88,7 +88,7 @@ def test_attention_train_op_and_sagebwd_gradients():
     q = torch.randn(1, 4, 40, 32, generator=g, requires_grad=True)
     k = torch.randn(1, 2, 40, 32, generator=g, requires_grad=True)
     v = torch.randn(1, 2, 40, 32, generator=g, requires_grad=True)
-    torch.library.opcheck(torch.ops.sage_compile.attention_train.default, (q, k, v, "top_left", None, "HND"))
+    torch.library.opcheck(torch.ops.sage_compile.attention_train.default, (q, k, v, None, "top_left", None, "HND"))
     out = sage_compile.attention(q, k, v, None, "top_left", None, "HND", "int8_train")
     go = torch.randn(out.shape, generator=g)
     grads = torch.autograd.grad(out, (q, k, v), go)
@@ -97,5 +97,10 @@ def test_attention_train_op_and_sagebwd_gradients():
     for a, b in zip(grads, want):
         cos = F.cosine_similarity(a.flatten(), b.flatten(), dim=0)
         assert 0.99 < cos < 1  # SageBwd's own (quantized) gradients, not exact ones
-    with pytest.raises(ValueError, match="causal masks only"):
-        sage_compile.attention(q, k, v, torch.ones(40, 40, dtype=torch.bool), scheme="int8_train")
+    # a bool mask equal to the causal rule gives the same output and gradients as the rule
+    causal_mask = torch.ones(40, 40, dtype=torch.bool).tril()
+    out_m = sage_compile.attention(q, k, v, causal_mask, scheme="int8_train")
+    assert torch.equal(out_m, out)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out_m, (q, k, v), go), grads))
+    with pytest.raises(ValueError, match="not both"):
+        sage_compile.attention(q, k, v, causal_mask, "top_left", scheme="int8_train")

@@ -268,3 +268,25 @@ def test_options_reach_the_ops():
     want = int8_fp8.attention(*int8_fp8.quantize(q, k, v, "HND", True), None, "none", None, "HND", q.dtype)
     plain = int8_fp8.attention(*int8_fp8.quantize(q, k, v), None, "none", None, "HND", q.dtype)
     assert torch.equal(out, want) and not torch.equal(out, plain)
+
+
+def test_autocast_sites_are_replaced_with_autocast_dtype():
+    """Under torch.autocast, Dynamo's graph holds SDPA's inputs uncast (fp32 q/k out of RoPE beside a
+    bf16 v); the site runs in the dtype autocast gives it (its output's), with the casts made explicit."""
+    lin = nn.Linear(32, 32)
+    cos = torch.randn(48, 32)
+
+    def f(x):
+        q = lin(x) * cos  # bf16 * fp32 -> fp32 under autocast
+        return F.scaled_dot_product_attention(q, q, lin(x), is_causal=True)
+
+    x = torch.randn(2, 4, 48, 32)
+    debug.clear_reports()
+    torch._dynamo.reset()
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        ref = f(x)
+        out = torch.compile(f, backend=sage_compile.make_backend(compiler="eager", kernel="int8_fp8"))(x)
+    (row,) = debug.last_reports()[-1]
+    assert row["decision"] == "int8_fp8" and row["dtype"] == "bfloat16", row
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert cos_rel(out.float(), ref.float())[0] > 0.999

@@ -29,3 +29,8 @@ if triton is not None and _capability_ok((8, 9)):
 
     # fp4 on Hopper: exact NVFP4 numerics, dequantized to bf16 tensor cores (never an FP4 speed-up)
     ops.register_impl("fp4", "cuda", fp4.impl)
+    from . import int8_train
+
+    # SageBwd (training): INT8 forward and backward; chosen by kernel="int8_train" (auto keeps exact SDPA
+    # for sites needing gradients until the kernel is measured faster than cuDNN's backward)
+    ops.register_impl("int8_train", "cuda", int8_train.impl)

@@ -45,8 +45,10 @@ def _tile_quant(x: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
     return (q * scale).flatten(-2).flatten(-3, -2)[..., :r, :c]
 
 
-def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype):
-    """Returns ``(O in layout/out_dtype, LSE fp32 (B, Hq, Nq))``."""
+def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype,
+            attn_mask: Optional[torch.Tensor] = None):
+    """Returns ``(O in layout/out_dtype, LSE fp32 (B, Hq, Nq))``. ``attn_mask``: bool (True = attend) or
+    additive, broadcastable to ``(B, Hq, Nq, Nk)``."""
     b, hq, lq, d = q8.shape
     lk = k8.shape[2]
     c = engine.default_scale(scale, d) * engine.LOG2E
@@ -65,14 +67,15 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
         return contrib, p.sum(-1, keepdim=True)
 
     lse = torch.empty((b, hq, lq), device=q8.device)
-    o = engine.run((b, hq, lq, d), lk, logits, pv, None, causal, BLOCK_N, 0.0, q8.device, lse_out=lse)
+    o = engine.run((b, hq, lq, d), lk, logits, pv, attn_mask, causal, BLOCK_N, 0.0, q8.device, lse_out=lse)
     return from_hnd(o.to(out_dtype), layout), lse
 
 
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
-             in_dtype: torch.dtype, dp_int8: bool = False):
+             in_dtype: torch.dtype, dp_int8: bool = False, attn_mask: Optional[torch.Tensor] = None):
     """SageBwd gradients ``(dq, dk, dv)`` in ``layout`` and ``in_dtype``. ``dp_int8=True`` is the
-    ablation that also quantizes dO·Vᵀ (the SageBwd paper shows it hurts dQ)."""
+    ablation that also quantizes dO·Vᵀ (the SageBwd paper shows it hurts dQ). ``attn_mask`` as in
+    :func:`forward`."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     sm = engine.default_scale(scale, d)
@@ -84,6 +87,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     vis = engine.visible_mask(0, lq, 0, lk, lq, lk, causal, q8.device)
     if vis is not None:
         s = s.masked_fill(~vis, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
     dvx = _tile_quant(p, BLOCK_M, BLOCK_N).transpose(-1, -2) @ _tile_quant(dof, BLOCK_M, d)
     d16 = _DTYPE16.get(in_dtype, in_dtype)

@@ -1,0 +1,93 @@
+"""SageBwd (``int8_train``) forward+backward speed beside SDPA cuDNN and SDPA flash, same run.
+
+    python benchmarks/bench_train.py --out benchmarks/results/train_h200.json
+
+TFLOP/s = 3.5 x forward FLOPs (4·B·H·N²·D, halved for causal) / time of forward + backward (issue 5's
+convention), ``triton.testing.do_bench`` median; the sage row includes its quantization prologues (forward
+and backward re-quantize Q, K, V). Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
+tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/train_h200.json")
+    ap.add_argument("--n", default="2048,4096,8192,16384")
+    ap.add_argument("--hd", default="128")
+    a = ap.parse_args()
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import sage_compile
+
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
+                inputs="gaussian", heads=16)
+    recs = []
+
+    def sdpa(backend, causal):
+        def f(q, k, v):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return f
+
+    for hd in (int(x) for x in a.hd.split(",")):
+        for causal in (False, True):
+            for n in (int(x) for x in a.n.split(",")):
+                b = max(1, 32768 // n)
+                q, k, v = (torch.randn(b, 16, n, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                do = torch.randn(b, 16, n, hd, device="cuda", dtype=torch.bfloat16)
+                flops = 4 * b * 16 * n * n * hd * (0.5 if causal else 1.0)
+                fns = {
+                    "int8_train": lambda q, k, v, c=causal: sage_compile.attention(
+                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train"),
+                    "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
+                    "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
+                }
+                row = {}
+                for name, f in fns.items():
+                    try:
+                        def step():
+                            o = f(q, k, v)
+                            torch.autograd.grad(o, (q, k, v), do)
+
+                        ms = triton.testing.do_bench(step, warmup=10, rep=100)
+                        with torch.no_grad():
+                            ms_f = triton.testing.do_bench(lambda: f(q, k, v), warmup=10, rep=100)
+                    except Exception as e:  # reported, the others still run
+                        print(f"{name} N={n}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        continue
+                    row[name] = 3.5 * flops / ms / 1e9
+                    base = dict(meta, kernel=name, head_dim=hd, seq_len=n, batch=b, causal=causal)
+                    recs.append(dict(base, variant="fwd_bwd", metric="fwd_bwd_tflops", value=row[name]))
+                    recs.append(dict(base, variant="fwd_bwd", metric="ms", value=ms))
+                    recs.append(dict(base, variant="fwd", metric="tops", value=flops / ms_f / 1e9))
+                ratio = row.get("int8_train", 0) / row["sdpa_cudnn"] if row.get("sdpa_cudnn") else float("nan")
+                print(f"hd{hd} {'causal' if causal else 'full  '} N={n:6d} B={b:2d}  " +
+                      "  ".join(f"{k} {v:6.1f}" for k, v in row.items()) + f"  sage/cudnn {ratio:.2f}", flush=True)
+                if row.get("int8_train") and row.get("sdpa_cudnn"):
+                    recs.append(dict(meta, kernel="int8_train", variant="fwd_bwd", head_dim=hd, seq_len=n, batch=b,
+                                     causal=causal, metric="speedup", value=ratio, note="vs sdpa_cudnn"))
+                os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+                with open(a.out, "w") as fh:
+                    json.dump(recs, fh, indent=1)
+                del q, k, v, do
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()

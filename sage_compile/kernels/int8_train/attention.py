@@ -1,0 +1,361 @@
+"""Triton forward and backward of ``int8_train`` (SageBwd numerics; shared/docs/numerics.md §4).
+
+Forward, per (batch, head, BLOCK_M queries): S = int8 q̂·k̂ᵀ (exact int32) times the per-block scales
+(Q: 128 tokens, K: 64); online softmax in the exp2 domain over 64-key tiles; P̃ quantized per token in
+each tile (δ_P = row max / 127) and multiplied with the INT8 V tile (exact int32); O and the LSE saved.
+
+Backward, FlashAttention-2 style in two kernels that recompute P = exp(S − LSE) from q̂, k̂:
+``_bwd_dkdv`` per 64-key block (looping over the query heads of its GQA group and 128-query blocks):
+dV += ψ(P)ᵀ·ψ(dO), dK += ψ(dS)ᵀ·Q̂ (INT8, int32); ``_bwd_dq`` per 128-query block: dQ += ψ(dS)·K̂ plus
+rowsum(ψ(dS))·μ_K (the K-smoothing correction). dP = dO·Vᵀ in 16-bit with fp32 accumulation, V̂
+dequantized to the 16-bit type as the reference does; dS = P∘(dP − rowsum(dO∘O)). ψ: one INT8 scale per
+(128 queries x 64 keys) tile of P and dS and per (128 x D) tile of dO, tiles aligned at 0 as in the
+reference, so kernels and reference quantize the same sets. Masks: causal (top_left / bottom_right) from
+indices, bool / additive masks read in-kernel; a head-shared bool mask that is exactly causal (or all
+true) is recognised first and run as the causal (or unmasked) kernel.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .._common import CAUSAL_CODES, EMULATE_FP8, rne
+from .quantize import BLOCK_KV, BLOCK_Q
+
+LOG2E = 1.4426950408889634
+log = logging.getLogger("sage_compile")
+_DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
+
+
+@triton.jit
+def _masked(z, qi, kj, lse, MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """Log2 logits ``z`` with everything invisible set to -inf. ``qi`` / ``kj``: the query / key index of
+    each element (broadcast views, so the same code serves (queries x keys) and transposed tiles): out of
+    bounds, causally hidden (key > query + coff), masked out (bool) or rows without any key (lse -inf).
+    Additive masks (natural-log units) are added."""
+    keep = (qi < LQ) & (kj < LK) & (lse != float("-inf"))
+    if CAUSAL != 0:
+        keep = keep & (kj <= qi + coff)
+    if MASK_KIND == 1:
+        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=keep, other=0)
+        keep = keep & (mk != 0)
+    if MASK_KIND == 2:
+        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=keep, other=0.0)
+        z = z + mk.to(tl.float32) * 1.4426950408889634
+    return tl.where(keep, z, float("-inf"))
+
+
+@triton.jit
+def _psi(x, EMULATE: tl.constexpr):
+    """ψ: INT8 values of a whole tile with one scale (amax / 127); returns (int8 tile, scale)."""
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    r = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = tl.minimum(tl.maximum(rne(x * r, EMULATE), -127.0), 127.0)
+    return y.to(tl.int8), amax / 127.0
+
+
+@triton.jit
+def _mm16(x, EMULATE: tl.constexpr):
+    """A 16-bit dP operand; the interpreter's bf16 dot multiplies raw bits, so there the (already
+    rounded, hence identical) values go in as fp32."""
+    if EMULATE:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _fwd_kernel(Q8, QS, K8, KS, V8, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
+                HQ, GROUP, LQ, LK, D, NQB, NKB,
+                CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // HQ, bh % HQ
+    bhk = b * (HQ // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    min_ = offs_m < LQ
+    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=min_[:, None] & (rd[None, :] < D), other=0)
+    qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
+    coff = LK - LQ if CAUSAL == 2 else 0
+    hi = LK
+    if CAUSAL != 0:
+        hi = tl.minimum(LK, tl.maximum(0, (pid_m + 1) * BLOCK_M + coff))
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    mbase = b * smb + h * smh
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+        k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        v = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
+        vsc = tl.load(VS + bhk * NKB + n0 // BLOCK_N)
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+        z = s.to(tl.float32) * qsc[:, None] * ksc
+        z = _masked(z, offs_m[:, None], offs_n[None, :], tl.zeros((1, 1), tl.float32), MASK, mbase, smq, smk, LQ, LK,
+                    coff, CAUSAL, MASK_KIND)
+        m_new = tl.maximum(m_i, tl.max(z, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(z - m_safe[:, None])
+        pmax = tl.max(p, axis=1)
+        r = tl.where(pmax > 0, 127.0 / pmax, 0.0)
+        p8 = tl.minimum(rne(p * r[:, None], EMULATE), 127.0).to(tl.int8)
+        pv = tl.dot(p8, v, out_dtype=tl.int32)
+        acc = acc * alpha[:, None] + pv.to(tl.float32) * ((pmax / 127.0) * vsc)[:, None]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    out = tl.where(empty[:, None], 0.0, out)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
+    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], out.to(OUT.dtype.element_ty),
+             mask=min_[:, None] & (rd[None, :] < D))
+    tl.store(LSE + bh * LQ + offs_m, lse, mask=min_)
+
+
+@triton.jit
+def _bwd_pre(O, DO, DELTA, DO16, DO8, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D, NQB,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block."""
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // HQ, bh % HQ
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    inb = (offs_m[:, None] < LQ) & (rd[None, :] < D)
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], mask=inb, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + rd[None, :], mask=inb, other=0.0)
+    do16 = do.to(DO16.dtype.element_ty)
+    dof = do.to(tl.float32)
+    tl.store(DELTA + bh * LQ + offs_m, tl.sum(dof * o, axis=1), mask=offs_m < LQ)
+    tl.store(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], do16, mask=inb)
+    d8, sdo = _psi(dof, EMULATE)
+    tl.store(DO8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], d8, mask=inb)
+    tl.store(SDO + bh * NQB + pid_m, sdo)
+
+
+@triton.jit
+def _bwd_dkdv(Q8, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8, SDO, DK, DV, c, sm,
+              smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D, NQB, NKB,
+              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    HKV = HQ // GROUP
+    b, hk = bhk // HKV, bhk % HKV
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+    k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+    v8 = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+    ksc = tl.load(KS + bhk * NKB + pid_n)
+    v16 = (v8.to(tl.float32) * tl.load(VS + bhk * NKB + pid_n)).to(DO16.dtype.element_ty)
+    coff = LK - LQ if CAUSAL == 2 else 0
+    lo = 0
+    if CAUSAL != 0:
+        lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
+    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        bh = b * HQ + h
+        mbase = b * smb + h * smh
+        for m0 in range(lo, LQ, BLOCK_M):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            qin = offs_m < LQ
+            inb = qin[:, None] & (rd[None, :] < D)
+            q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+            qraw = tl.load(QS + bh * NQB + m0 // 128)
+            lse = tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf"))
+            delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
+            # transposed tiles: rows = keys, columns = queries
+            zt = tl.dot(k, tl.trans(q), out_dtype=tl.int32).to(tl.float32) * (qraw * c) * ksc
+            zt = _masked(zt, offs_m[None, :], offs_n[:, None], lse[None, :], MASK, mbase, smq, smk, LQ, LK, coff,
+                         CAUSAL, MASK_KIND)
+            pt = tl.math.exp2(zt - lse[None, :] * 1.4426950408889634)
+            pt = tl.where(zt == float("-inf"), 0.0, pt)
+            p8, sp = _psi(pt, EMULATE)
+            do8 = tl.load(DO8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+            dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * tl.load(SDO + bh * NQB + m0 // 128))
+            do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
+            dpt = tl.dot(_mm16(v16, EMULATE), tl.trans(_mm16(do16, EMULATE)))
+            ds8, sds = _psi(pt * (dpt - delta[None, :]), EMULATE)
+            dk += tl.dot(ds8, q, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
+    st = (offs_n[:, None] < LK) & (rd[None, :] < D)
+    optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
+    tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=st)
+    tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=st)
+
+
+@triton.jit
+def _bwd_dq(Q8, QS, K8, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
+            smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D, NQB, NKB,
+            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // HQ, bh % HQ
+    bhk = b * (HQ // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rd = tl.arange(0, BLOCK_D)
+    qin = offs_m < LQ
+    inb = qin[:, None] & (rd[None, :] < D)
+    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+    qsc = tl.load(QS + bh * NQB + pid_m) * c
+    lse = tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf"))
+    delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
+    do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
+    coff = LK - LQ if CAUSAL == 2 else 0
+    hi = LK
+    if CAUSAL != 0:
+        hi = tl.minimum(LK, tl.maximum(0, (pid_m + 1) * BLOCK_M + coff))
+    dq = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    rs = tl.zeros((BLOCK_M,), tl.float32)
+    mbase = b * smb + h * smh
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+        k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        v8 = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
+        v16 = (v8.to(tl.float32) * tl.load(VS + bhk * NKB + n0 // BLOCK_N)).to(DO16.dtype.element_ty)
+        z = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * qsc * ksc
+        z = _masked(z, offs_m[:, None], offs_n[None, :], lse[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
+                    MASK_KIND)
+        p = tl.math.exp2(z - lse[:, None] * 1.4426950408889634)
+        p = tl.where(z == float("-inf"), 0.0, p)
+        dp = tl.dot(_mm16(do16, EMULATE), tl.trans(_mm16(v16, EMULATE)))
+        ds8, sds = _psi(p * (dp - delta[:, None]), EMULATE)
+        dq += tl.dot(ds8, k, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
+        rs += tl.sum(ds8.to(tl.float32), axis=1) * sds
+    mu = tl.load(KMEAN + bhk * D + rd, mask=rd < D, other=0.0)
+    dq = (dq + rs[:, None] * mu[None, :]) * sm
+    tl.store(DQ + b * sqb + h * sqh + offs_m[:, None] * sqn + rd[None, :], dq.to(DQ.dtype.element_ty), mask=inb)
+
+
+# ------------------------------------------------------------------------------------------ host side
+MAX_HEAD_DIM = 128
+_FWD_DEFAULT = dict(BLOCK_M=128, num_warps=8, num_stages=2)
+_BWD_DEFAULT = dict(num_warps=8, num_stages=2)
+
+
+def _fwd_configs():
+    return [triton.Config(dict(BLOCK_M=m), num_warps=w, num_stages=s)
+            for m, w, s in ((128, 8, 2), (128, 8, 3), (64, 4, 2), (64, 4, 3), (128, 4, 2))]
+
+
+def _bwd_configs():
+    return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((8, 2), (8, 1), (4, 2), (8, 3))]
+
+
+_fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_fwd_kernel)
+_dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"],
+                              reset_to_zero=None)(_bwd_dkdv)
+_dq_tuned = triton.autotune(configs=_bwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_bwd_dq)
+
+
+def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
+    """(mask view (B, Hq, Lq, Lk) or dummy, MASK_KIND, strides, causal). A head-shared bool mask that is
+    exactly causal (bottom-right) or all true is dropped for the index rule (one scan, one host sync)."""
+    if attn_mask is None:
+        return dummy, 0, (0, 0, 0, 0), causal
+    kind = 1 if attn_mask.dtype == torch.bool else 2
+    mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
+    if kind == 1 and causal == "none" and mask.stride(1) == 0 and lq > 0 and lk > 0:
+        from ..int8_fp8.attention import mask_structure
+
+        flag, krange = mask_structure(mask, lq, lk)
+        full = bool(((krange[:, 0] == 0) & (krange[:, 1] == lk)).all())
+        f = int(flag.item())
+        if full and f in (1, 2):
+            return dummy, 0, (0, 0, 0, 0), "bottom_right" if f == 1 else "none"
+    return mask, kind, mask.stride(), causal
+
+
+def _check(d):
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"int8_train kernel: head_dim {d} > {MAX_HEAD_DIM}")
+
+
+def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype,
+            attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None):
+    """Same contract as :func:`sage_compile.reference.int8_train.forward` (inputs from ``quantize``):
+    ``(O (B, Hq, Nq, D) in layout / out_dtype, LSE fp32 (B, Hq, Nq))``. ``config`` (``BLOCK_M``,
+    ``num_warps``, ``num_stages``) bypasses autotuning."""
+    b, hq, lq, d = q8.shape
+    hkv, lk = k8.shape[1], k8.shape[2]
+    _check(d)
+    from ...reference.layout import out_shape
+
+    out = torch.empty(out_shape(b, hq, lq, d, layout), dtype=out_dtype, device=q8.device)
+    so = out.stride()
+    sob, soh, son = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
+    lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q8.device)
+    mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
+    c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    args = (q8, qs, k8, ks, v8, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
+            hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_KV,
+                BLOCK_D=max(16, triton.next_power_of_2(d)), EMULATE=EMULATE_FP8)
+    if lq == 0:
+        return out, lse
+    if config is not None or EMULATE_FP8:
+        cfg = dict(_FWD_DEFAULT, **(config or {}))
+        _fwd_kernel[(triton.cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
+    else:
+        _fwd_tuned[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+    return out, lse
+
+
+def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
+             in_dtype: torch.dtype, attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None):
+    """Same contract as :func:`sage_compile.reference.int8_train.backward`: ``(dq, dk, dv)`` in ``layout``
+    and ``in_dtype``. ``config`` (``num_warps``, ``num_stages``) bypasses autotuning."""
+    b, hq, lq, d = q8.shape
+    hkv, lk = k8.shape[1], k8.shape[2]
+    _check(d)
+    dev = q8.device
+    sm = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    c = sm * LOG2E
+    bd = max(16, triton.next_power_of_2(d))
+    nqb, nkb = qs.shape[-1], ks.shape[-1]
+    dq = torch.empty(o.shape, dtype=in_dtype, device=dev)
+    dk = torch.empty(out_shape_kv(b, hkv, lk, d, layout), dtype=in_dtype, device=dev)
+    dv = torch.empty_like(dk)
+    if lq == 0 or lk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+
+    def bhn(t):
+        s = t.stride()
+        return (s[0], s[1], s[2]) if layout == "HND" else (s[0], s[2], s[1])
+
+    delta = torch.empty((b, hq, lq), dtype=torch.float32, device=dev)
+    do16 = torch.empty((b, hq, lq, d), dtype=_DT16[in_dtype], device=dev)
+    do8 = torch.empty((b, hq, lq, d), dtype=torch.int8, device=dev)
+    sdo = torch.empty((b, hq, nqb), dtype=torch.float32, device=dev)
+    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8, sdo, *bhn(o), *bhn(do), hq, lq, d, nqb,
+                            BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
+    mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
+                EMULATE=EMULATE_FP8)
+    common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
+    kmean = k_mean.reshape(b, hkv, d).contiguous()
+    dkdv_args = (q8, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8, sdo, dk, dv, c, sm, *ms, *bhn(dk), *common)
+    dq_args = (q8, qs, k8, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms, *bhn(dq), *common)
+    if config is not None or EMULATE_FP8:
+        cfg = dict(_BWD_DEFAULT, **(config or {}))
+        _bwd_dkdv[(nkb, b * hkv)](*dkdv_args, **meta, **cfg)
+        _bwd_dq[(nqb, b * hq)](*dq_args, **meta, **cfg)
+    else:
+        _dkdv_tuned[(nkb, b * hkv)](*dkdv_args, **meta)
+        _dq_tuned[(nqb, b * hq)](*dq_args, **meta)
+    return dq, dk, dv
+
+
+def out_shape_kv(b, h, n, d, layout):
+    return (b, h, n, d) if layout == "HND" else (b, n, h, d)

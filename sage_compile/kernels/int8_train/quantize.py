@@ -1,0 +1,64 @@
+"""Triton prologue of ``int8_train`` (SageBwd): K smoothing and per-block INT8 of Q (128 tokens), K and
+V (64 tokens), one scale per block over all channels.
+
+Bit-identical to :func:`sage_compile.reference.int8_train.quantize` given the same K mean (conventions.md
+rule 1): IEEE divisions (``div_rn``), round-to-nearest-even, NaN carried in the block's scale. One
+program per block, so the block's amax and its quantization are one pass over the tile.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...reference.layout import to_hnd
+from .._common import EMULATE_FP8, rne
+from ..int8_fp8.quantize import _token_tile, k_mean
+
+BLOCK_Q, BLOCK_KV = 128, 64
+
+
+@triton.jit
+def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
+                      HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    """INT8 of one (BLOCK_N tokens x D) block of x (minus the per-(b, h) channel mean): scale = amax / 127."""
+    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    if HAS_MEAN:
+        mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
+        x = tl.where(inb, x - mu[None, :], 0.0)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
+    scale = tl.math.div_rn(amax, 127.0)
+    scale = tl.where(nan, float("nan"), scale)
+    safe = tl.where(scale == 0.0, 1.0, scale)
+    y = tl.math.div_rn(x, tl.full(x.shape, 1.0, tl.float32) * safe)
+    y = tl.where(scale == 0.0, 0.0, y)
+    y = rne(y, EMULATE)
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    y = tl.where(y != y, 0.0, y)
+    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y.to(tl.int8), mask=inb)
+    tl.store(S + bh * NBLK + tl.program_id(0), scale)
+
+
+def quant_blocks_int8(x_hnd: torch.Tensor, block: int, mean: torch.Tensor | None = None):
+    """Per-block INT8 of ``x - mean`` (B, H, N, D) (any strides) -> (int8 (B,H,N,D), fp32 (B,H,ceil(N/block)))."""
+    b, h, n, d = x_hnd.shape
+    nblk = triton.cdiv(n, block)
+    y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
+    s = torch.empty((b, h, nblk), dtype=torch.float32, device=x_hnd.device)
+    block_d = max(16, triton.next_power_of_2(d))
+    _quant_block_int8[(nblk, b * h)](x_hnd, mean if mean is not None else s, y, s, *x_hnd.stride(), h, n, d, nblk,
+                                     HAS_MEAN=mean is not None, BLOCK_N=block, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
+                                     num_warps=8 if block * block_d >= 8192 else 4)
+    return y, s
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
+    """Same contract as :func:`sage_compile.reference.int8_train.quantize`: ``(q8, qs, k8, ks, v8, vs,
+    k_mean (B,Hkv,1,D))``; inputs are never modified (NHD is read in place through strides)."""
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    mean = k_mean(k).contiguous()
+    q8, qs = quant_blocks_int8(q, BLOCK_Q)
+    k8, ks = quant_blocks_int8(k, BLOCK_KV, mean)
+    v8, vs = quant_blocks_int8(v, BLOCK_KV)
+    return q8, qs, k8, ks, v8, vs, mean[:, :, None, :]

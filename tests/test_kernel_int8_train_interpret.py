@@ -1,0 +1,130 @@
+"""int8_train (SageBwd) Triton kernels on CPU under TRITON_INTERPRET=1 (small shapes): the prologue is
+bit-identical to the reference; forward and backward agree with the reference to accumulation noise, and
+their gradient error vs fp32 autograd is the reference's (conventions.md rule 2: error ratio)."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import bits, cos_rel
+
+if torch.cuda.is_available():
+    pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_int8_train_gpu.py)", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from sage_compile.kernels.int8_train import attention as KA  # noqa: E402
+from sage_compile.kernels.int8_train import quantize as KQ  # noqa: E402
+from sage_compile.reference import int8_train as R  # noqa: E402
+
+if not KQ.EMULATE_FP8:
+    pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+
+def _inputs(b=1, hq=4, hkv=2, lq=200, lk=150, d=64, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, lq, d, generator=g)
+    k = torch.randn(b, hkv, lk, d, generator=g) + 2 * torch.randn(b, hkv, 1, d, generator=g)
+    v = torch.randn(b, hkv, lk, d, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def test_prologue_bit_identical_and_nhd_in_place():
+    q, k, v = _inputs(lq=300, lk=130, d=80)
+    q[0, 1, 130:140] = 0  # zero rows inside a block
+    k[0, 0, 64:128] = 0  # a whole zero K block (after smoothing: minus the mean)
+    v[0, 1, :64] = 0  # a zero V block: scale 0, values 0
+    k[0, 1, 3, :2] = 1e4  # an outlier token
+    nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    got, want = KQ.quantize(q, k, v), R.quantize(q, k, v)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(bits(a), bits(b))
+    for a, b in zip(KQ.quantize(*nhd, layout="NHD"), got):
+        assert torch.equal(a, b)
+    assert (got[5][0, 1, 0] == 0) and (got[4][0, 1, :64] == 0).all()
+
+
+CASES = {
+    "causal_gqa_ragged": dict(causal="top_left", lq=200, lk=200),
+    "bottom_right_lq_lt_lk": dict(causal="bottom_right", lq=100, lk=230),
+    "bottom_right_lq_gt_lk": dict(causal="bottom_right", lq=230, lk=100),  # first rows see no key
+    "none_mqa_hd80": dict(causal="none", lq=150, lk=190, hkv=1, d=80),
+    "nhd_fp16": dict(causal="top_left", lq=140, lk=140, layout="NHD", dtype=torch.float16),
+    "bool_mask": dict(causal="none", lq=150, lk=150, mask="bool"),
+    "additive_mask": dict(causal="none", lq=150, lk=150, mask="additive"),
+}
+
+
+def _case(name):
+    c = dict(CASES[name])
+    causal, layout, mask = c.pop("causal"), c.pop("layout", "HND"), c.pop("mask", None)
+    q, k, v = _inputs(**c, seed=len(name))
+    lq, lk = q.shape[2], k.shape[2]
+    g = torch.Generator().manual_seed(7)
+    if mask == "bool":
+        mask = torch.rand(q.shape[0], 1, lq, lk, generator=g) > 0.3
+        mask[..., :3] = True  # no empty row
+    elif mask == "additive":
+        mask = torch.randn(q.shape[0], q.shape[1], lq, lk, generator=g)
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return q, k, v, mask, causal, layout
+
+
+def _exact_grads(q, k, v, mask, causal, layout, do):
+    """fp32 autograd of SDPA (the truth) in ``layout``."""
+    t = (lambda x: x) if layout == "HND" else (lambda x: x.transpose(1, 2))
+    qq, kk, vv = (x.detach().float().requires_grad_() for x in (q, k, v))
+    lq, lk = t(qq).shape[2], t(kk).shape[2]
+    vis = None
+    if causal != "none":
+        off = 0 if causal == "top_left" else lk - lq
+        vis = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + off
+    m = mask if vis is None else vis
+    if m is not None and m.dtype == torch.bool:
+        m = torch.where(m, 0.0, float("-inf"))
+    s = (t(qq) @ t(kk).repeat_interleave(t(qq).shape[1] // t(kk).shape[1], 1).transpose(-1, -2)) * t(qq).shape[-1] ** -0.5
+    if m is not None:
+        s = s + m
+    alive = torch.isfinite(s).any(-1, keepdim=True)  # rows without a visible key output 0
+    p = torch.softmax(torch.where(alive, s, 0.0), -1) * alive
+    o = p @ t(vv).repeat_interleave(t(qq).shape[1] // t(kk).shape[1], 1)
+    return t(o).detach(), torch.autograd.grad(t(o), (qq, kk, vv), do.float())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_backward_match_reference(name):
+    q, k, v, mask, causal, layout = _case(name)
+    got_q, want_q = KQ.quantize(q, k, v, layout), R.quantize(q, k, v, layout)
+    o, lse = KA.forward(*got_q[:6], causal, None, layout, q.dtype, attn_mask=mask)
+    ro, rlse = R.forward(*want_q[:6], causal, None, layout, q.dtype, attn_mask=mask)
+    assert o.shape == ro.shape == q.shape and o.dtype == q.dtype
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(rlse))  # rows without keys: -inf in both
+    fin = torch.isfinite(rlse)
+    assert (lse[fin] - rlse[fin]).abs().max() < 1e-4
+    assert cos_rel(o.float(), ro.float())[1] < 0.01
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype)
+    exact_o, want = _exact_grads(q, k, v, mask, causal, layout, do)
+    got = KA.backward(*got_q, o, lse, do, causal, None, layout, q.dtype, attn_mask=mask)
+    ref = R.backward(*want_q, ro, rlse, do, causal, None, layout, q.dtype, attn_mask=mask)
+    for name_, a, r, w in zip("qkv", got, ref, want):
+        assert a.shape == r.shape == w.shape and a.dtype == q.dtype and torch.isfinite(a).all(), name_
+        ka, kr = cos_rel(a.float(), w), cos_rel(r.float(), w)
+        # the kernel's error vs fp32 autograd is the reference's (same ψ tiles, other summation order)
+        assert ka[1] <= 1.1 * kr[1] + 1e-3 and ka[0] >= kr[0] - 1e-3, (name_, ka, kr)
+
+
+def test_causal_bool_mask_runs_as_the_causal_rule():
+    """A bool mask that is exactly causal (what transformers builds under compile) is recognised and run
+    by the causal kernels: the same outputs and gradients bit for bit."""
+    q, k, v = _inputs(lq=150, lk=150)
+    qt = KQ.quantize(q, k, v)
+    mask = torch.ones(150, 150, dtype=torch.bool).tril()[None, None].expand(1, 1, 150, 150)
+    o1, l1 = KA.forward(*qt[:6], "top_left", None, "HND", q.dtype)
+    o2, l2 = KA.forward(*qt[:6], "none", None, "HND", q.dtype, attn_mask=mask)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    do = torch.randn(o1.shape, generator=torch.Generator().manual_seed(2)).to(q.dtype)
+    g1 = KA.backward(*qt, o1, l1, do, "top_left", None, "HND", q.dtype)
+    g2 = KA.backward(*qt, o1, l1, do, "none", None, "HND", q.dtype, attn_mask=mask)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
