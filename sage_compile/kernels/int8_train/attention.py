@@ -69,7 +69,7 @@ def _mm16(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(Q8, QS, K8, KS, V8, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
+def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
                 HQ, GROUP, LQ, LK, D, NQB, NKB,
                 CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
@@ -93,7 +93,7 @@ def _fwd_kernel(Q8, QS, K8, KS, V8, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, s
         offs_n = n0 + tl.arange(0, BLOCK_N)
         kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
         k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-        v = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        v = tl.load(V8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)  # tokens contiguous
         ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
         vsc = tl.load(VS + bhk * NKB + n0 // BLOCK_N)
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
@@ -121,9 +121,10 @@ def _fwd_kernel(Q8, QS, K8, KS, V8, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, s
 
 
 @triton.jit
-def _bwd_pre(O, DO, DELTA, DO16, DO8, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D, NQB,
+def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D, NQB,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block."""
+    """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block, stored
+    transposed (B, H, D, N): the K-major operand of dV = ψ(P)ᵀ·ψ(dO)."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -136,12 +137,12 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ,
     tl.store(DELTA + bh * LQ + offs_m, tl.sum(dof * o, axis=1), mask=offs_m < LQ)
     tl.store(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], do16, mask=inb)
     d8, sdo = _psi(dof, EMULATE)
-    tl.store(DO8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], d8, mask=inb)
+    tl.store(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], d8, mask=inb)
     tl.store(SDO + bh * NQB + pid_m, sdo)
 
 
 @triton.jit
-def _bwd_dkdv(Q8, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8, SDO, DK, DV, c, sm,
+def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
               smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D, NQB, NKB,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
@@ -181,12 +182,13 @@ def _bwd_dkdv(Q8, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8, SDO, DK, DV, 
             pt = tl.math.exp2(zt - lse[None, :] * 1.4426950408889634)
             pt = tl.where(zt == float("-inf"), 0.0, pt)
             p8, sp = _psi(pt, EMULATE)
-            do8 = tl.load(DO8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+            do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * tl.load(SDO + bh * NQB + m0 // 128))
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dpt = tl.dot(_mm16(v16, EMULATE), tl.trans(_mm16(do16, EMULATE)))
             ds8, sds = _psi(pt * (dpt - delta[None, :]), EMULATE)
-            dk += tl.dot(ds8, q, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
+            qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
+            dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
     st = (offs_n[:, None] < LK) & (rd[None, :] < D)
     optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
     tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=st)
@@ -194,7 +196,7 @@ def _bwd_dkdv(Q8, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8, SDO, DK, DV, 
 
 
 @triton.jit
-def _bwd_dq(Q8, QS, K8, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
+def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
             smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D, NQB, NKB,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
@@ -231,7 +233,8 @@ def _bwd_dq(Q8, QS, K8, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
         p = tl.where(z == float("-inf"), 0.0, p)
         dp = tl.dot(_mm16(do16, EMULATE), tl.trans(_mm16(v16, EMULATE)))
         ds8, sds = _psi(p * (dp - delta[:, None]), EMULATE)
-        dq += tl.dot(ds8, k, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
+        kt = tl.load(K8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)
+        dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
         rs += tl.sum(ds8.to(tl.float32), axis=1) * sds
     mu = tl.load(KMEAN + bhk * D + rd, mask=rd < D, other=0.0)
     dq = (dq + rs[:, None] * mu[None, :]) * sm
@@ -298,7 +301,9 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q8.device)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-    args = (q8, qs, k8, ks, v8, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
+    # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
+    v8t = v8.transpose(2, 3).contiguous()
+    args = (q8, qs, k8, ks, v8t, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
             hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_KV,
                 BLOCK_D=max(16, triton.next_power_of_2(d)), EMULATE=EMULATE_FP8)
@@ -336,17 +341,19 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
 
     delta = torch.empty((b, hq, lq), dtype=torch.float32, device=dev)
     do16 = torch.empty((b, hq, lq, d), dtype=_DT16[in_dtype], device=dev)
-    do8 = torch.empty((b, hq, lq, d), dtype=torch.int8, device=dev)
+    do8t = torch.empty((b, hq, d, lq), dtype=torch.int8, device=dev)
     sdo = torch.empty((b, hq, nqb), dtype=torch.float32, device=dev)
-    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8, sdo, *bhn(o), *bhn(do), hq, lq, d, nqb,
+    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8t, sdo, *bhn(o), *bhn(do), hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
                 EMULATE=EMULATE_FP8)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
-    dkdv_args = (q8, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8, sdo, dk, dv, c, sm, *ms, *bhn(dk), *common)
-    dq_args = (q8, qs, k8, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms, *bhn(dq), *common)
+    # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
+    q8t, k8t = q8.transpose(2, 3).contiguous(), k8.transpose(2, 3).contiguous()
+    dkdv_args = (q8, q8t, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms, *bhn(dk), *common)
+    dq_args = (q8, qs, k8, k8t, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms, *bhn(dq), *common)
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
         _bwd_dkdv[(nkb, b * hkv)](*dkdv_args, **meta, **cfg)
