@@ -31,8 +31,9 @@ class Options:
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
     prologue: ``op`` (the prologue custom op: Triton kernels on CUDA) or ``graph`` (the prologue as plain
         torch ops in the graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm; on CPU
-        it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` stays
-        opt-in until its GPU timing and Inductor's GPU division rounding are measured.
+        it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` is
+        opt-in and honoured on CPU only: on the H200 it gave wrong outputs on CogVideoX's attention and no
+        gain at 16K tokens (benchmarks/results/block_h200.json; :data:`sage_compile.policy.GRAPH_PROLOGUE_DEVICES`).
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """

@@ -16,6 +16,18 @@ MAX_HEAD_DIM = 256
 IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 
 
+# prologue="graph" (the quantizer as graph ops Inductor fuses with RoPE / QK-norm) is honoured on these device
+# types only. On CUDA (H200, torch 2.11) the block benchmark measured wrong outputs for CogVideoX's attention
+# (step cos 0.85 / 0.88 / 0.93 vs eager at 1K / 4K / 16K tokens; Flux's right, 0.9996) and no gain at 16K
+# (benchmarks/results/block_h200.json), so CUDA sites keep the prologue op until that is understood.
+GRAPH_PROLOGUE_DEVICES = ("cpu",)
+
+
+def graph_prologue(options, device_type: str) -> bool:
+    """Whether a site on ``device_type`` gets its prologue as graph ops (else the prologue op)."""
+    return options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES
+
+
 @dataclasses.dataclass
 class Decision:
     scheme: Optional[str]  # None: keep the site as it is
@@ -77,6 +89,9 @@ def decide(site, config, device_type: str) -> Decision:
     if scheme == "exact":
         return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
     notes = []
+    if config.options.prologue == "graph" and scheme != "int8_train" and not graph_prologue(config.options, device_type):
+        notes.append(f"prologue='graph' is not used on {device_type} (wrong outputs measured there, issue 8): "
+                     "prologue op")
     if scheme == "fp4" and site.head_dim % 16:
         notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
     return Decision(scheme, why, tuple(notes))

@@ -107,31 +107,58 @@ def _fused_kernels(src: str) -> set:
     return set(re.findall(r"\b(?:triton_(?:poi|per|red)|cpp)_fused_\w+", src))
 
 
+def test_graph_prologue_is_cpu_only():
+    """On CUDA the graph prologue gave wrong outputs (CogVideoX, block_h200.json): CUDA sites get the
+    prologue op and the report says why; CPU sites keep the graph code."""
+    from sage_compile.passes.rewrite import _prologue
+
+    from sage_compile import policy
+
+    o = sage_compile.Options(prologue="graph")
+    assert policy.graph_prologue(o, "cpu") and not policy.graph_prologue(o, "cuda")
+    assert _prologue("int8_fp8", o, "cuda") is torch.ops.sage_compile.quantize_int8_fp8.default
+    assert _prologue("int8_fp8", o, "cpu") is R.quantize
+    with pytest.raises(ValueError, match="prologue must be"):
+        _prologue("int8_fp8", sage_compile.Options(prologue="fused"), "cpu")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("rescale", [False, True])
-def test_rope_and_quantize_fuse_on_gpu(rescale):
-    """On CUDA: RoPE never stands alone (every kernel with RoPE's cat/neg also quantizes or reduces), the
-    Q path is one kernel (RoPE + per-token amax + round), and the quantized tensors are the prologue
-    op's (its Triton kernels) bit for bit where their inputs are identical: Q and V exactly; K up to the
-    K-mean's summation order (conventions.md quantizer rule)."""
+def test_rope_and_quantize_fuse_on_gpu():
+    """On CUDA, Inductor fuses RoPE into the quantizer: RoPE never stands alone (every kernel with RoPE's
+    cat/neg also reduces or rounds) and one kernel does RoPE + per-token amax + round. (With channel
+    balancing RoPE's output also feeds a reduction over all tokens, so Inductor writes it once: no
+    fusion claim there.)"""
     from sage_compile import _compat
-    from sage_compile.kernels.int8_fp8 import quantize as KQ
 
     def f(q, k, v, cos, sin):
-        return R.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", rescale)
+        return R.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", False)
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(3))
-    k[..., 3] += 4
     cos, sin = (torch.randn(1000, 128, generator=g).bfloat16().cuda() for _ in range(2))
-    patches = {"emulate_precision_casts": True, _compat.inductor_division_rounding_key(): True}
-    with torch._inductor.config.patch(patches):
-        got, code = run_and_get_code(torch.compile(f, backend="inductor"), q, k, v, cos, sin)
+    with torch._inductor.config.patch({_compat.inductor_division_rounding_key(): True}):
+        _, code = run_and_get_code(torch.compile(f, backend="inductor"), q, k, v, cos, sin)
     kernels = _fused_kernels("\n".join(code))
     rope = [n for n in kernels if "cat" in n or "neg" in n]
     assert rope and all(any(op in n for op in ("round", "amax", "max", "sum", "mean")) for n in rope), kernels
     assert any("cat" in n and "round" in n for n in kernels), kernels
-    want = KQ.quantize(_rope(q, cos, sin), _rope(k, cos, sin), v, "HND", rescale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rescale", [False, True])
+def test_graph_quantizer_matches_prologue_op_on_gpu(rescale):
+    """The reference quantizer compiled by Inductor for CUDA (IEEE division asked for) against the prologue
+    op's Triton kernels on the same inputs: Q and V bit for bit; K (and, with channel balancing, Q too)
+    given the K-mean's summation order (conventions.md quantizer rule)."""
+    from sage_compile import _compat
+    from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(3))
+    k[..., 3] += 4
+    with torch._inductor.config.patch({_compat.inductor_division_rounding_key(): True}):
+        got = torch.compile(lambda q, k, v: R.quantize(q, k, v, "HND", rescale), backend="inductor")(q, k, v)
+    want = KQ.quantize(q, k, v, "HND", rescale)
     for name, a, b in zip(("q8", "qs", "k8", "ks", "v8", "vs"), got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
         if name in ("v8", "vs") or (name in ("q8", "qs") and not rescale):
@@ -140,3 +167,31 @@ def test_rope_and_quantize_fuse_on_gpu(rescale):
             assert ((a - b).abs() <= 1e-6 * b.abs()).all(), name
         else:
             assert (a.float() - b.float()).abs().max() <= 1 and (a != b).float().mean() < 0.01, name
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(reason="issue 8: prologue='graph' on CUDA gives wrong outputs on CogVideoX's attention "
+                          "(block_h200.json); kept CPU-only until understood", strict=False)
+def test_cogvideox_graph_prologue_on_gpu_matches_op(monkeypatch):
+    """The measured failure, small: CogVideoX's attn1 (LayerNorm QK-norm, RoPE written in place on the
+    video tokens) compiled with the graph prologue forced on CUDA vs the prologue op."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+    from sage_compile import policy
+
+    monkeypatch.setattr(policy, "GRAPH_PROLOGUE_DEVICES", ("cpu", "cuda"))
+    torch.manual_seed(0)
+    m = CogVideoXBlock(dim=256, num_attention_heads=4, attention_head_dim=64, time_embed_dim=64).attn1
+    m = m.cuda().bfloat16().eval()
+    ang = torch.rand(512, 64) * 6.28
+    kw = dict(hidden_states=torch.randn(1, 512, 256).cuda().bfloat16(),
+              encoder_hidden_states=torch.randn(1, 64, 256).cuda().bfloat16(),
+              image_rotary_emb=(ang.cos().cuda(), ang.sin().cuda()))
+    out = {}
+    with torch.no_grad():
+        for mode in ("op", "graph"):
+            torch._dynamo.reset()
+            o = torch.compile(m, backend=sage_compile.make_backend(kernel="int8_fp8", prologue=mode))(**kw)
+            out[mode] = torch.cat([t.flatten().float() for t in o])
+    assert cos_rel(out["graph"], out["op"])[0] > 0.9999
