@@ -112,7 +112,7 @@ def test_graph_prologue_is_cpu_only():
     prologue op and the report says why; CPU sites keep the graph code."""
     from sage_compile.passes.rewrite import _prologue
 
-    from sage_compile import policy
+    from sage_compile import ops, policy  # noqa: F401  (ops registers torch.ops.sage_compile.*)
 
     o = sage_compile.Options(prologue="graph")
     assert policy.graph_prologue(o, "cpu") and not policy.graph_prologue(o, "cuda")
