@@ -1,0 +1,151 @@
+"""Diagnostics for where time goes (GPU), printed as it runs; one short GPU call:
+
+    python benchmarks/diag_overhead.py [--parts graph,overhead,train]
+
+overhead: the int8_fp8 prologue op / core op / composed op at a small shape (CogVideoX 1K-token block:
+    B=1 H=30 N=1250 D=64): wall time per call (``do_bench``), and the CPU-side profile of the prologue op
+    (what the host spends per call: the block benchmark saw ~2 ms of host time at 1K).
+train: int8_train at hd128 N=8K B=4 H=16: forward, backward, and the backward's kernels by name (CUDA
+    time from the profiler), beside SDPA cuDNN's forward and backward.
+graph: CogVideoX attn1 (small) with prologue='graph' forced on CUDA vs the op, toggling the IEEE-division
+    patch and channel balancing, to locate the wrong outputs the block benchmark measured.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def _bench(fn, rep=200):
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=20, rep=rep)
+
+
+def _prof(fn, activities, sort, n=15):
+    from torch.profiler import profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=activities) as p:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    print(p.key_averages().table(sort_by=sort, row_limit=n), flush=True)
+
+
+def overhead():
+    from torch.profiler import ProfilerActivity
+
+    import sage_compile
+    from sage_compile import ops  # noqa: F401
+
+    q, k, v = (torch.randn(1, 30, 1250, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    o = torch.ops.sage_compile
+    qt = o.quantize_int8_fp8(q, k, v, "HND", True)
+    for name, fn in (("quantize op (rescale)", lambda: o.quantize_int8_fp8(q, k, v, "HND", True)),
+                     ("quantize op (no rescale)", lambda: o.quantize_int8_fp8(q, k, v, "HND", False)),
+                     ("core op", lambda: o.attention_int8_fp8(*qt, None, "none", None, "HND", torch.bfloat16)),
+                     ("composed", lambda: sage_compile.attention(q, k, v, scheme="int8_fp8")),
+                     ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v))):
+        t0 = time.perf_counter()
+        for _ in range(50):
+            fn()
+        host = (time.perf_counter() - t0) / 50 * 1e3
+        torch.cuda.synchronize()
+        print(f"{name:26s} {_bench(fn):7.3f} ms/call (do_bench)   host {host:7.3f} ms/call (50 calls, no sync)",
+              flush=True)
+    _prof(lambda: o.quantize_int8_fp8(q, k, v, "HND", True), [ProfilerActivity.CPU], "self_cpu_time_total")
+
+
+def train():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity
+
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    b, h, n, d = 4, 16, 8192, 128
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    do = torch.randn_like(q)
+    flops = 4 * b * h * n * n * d
+    qt = KQ.quantize(q, k, v)
+    o_, lse = KA.forward(*qt[:6], "none", None, "HND", q.dtype)
+    for name, fn, fl in (("quantize", lambda: KQ.quantize(q, k, v), 0),
+                         ("forward", lambda: KA.forward(*qt[:6], "none", None, "HND", q.dtype), flops),
+                         ("backward", lambda: KA.backward(*qt, o_, lse, do, "none", None, "HND", q.dtype), 2.5 * flops)):
+        ms = _bench(fn, rep=100)
+        print(f"int8_train {name:9s} {ms:8.3f} ms  {fl / ms / 1e9 if fl else 0:7.1f} TOPS", flush=True)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        ms_f = _bench(lambda: F.scaled_dot_product_attention(q, k, v), rep=100)
+        out = F.scaled_dot_product_attention(qq, kk, vv)
+        ms_b = _bench(lambda: torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True), rep=100)
+    print(f"cudnn forward {ms_f:.3f} ms ({flops / ms_f / 1e9:.1f} TOPS)  backward {ms_b:.3f} ms "
+          f"({2.5 * flops / ms_b / 1e9:.1f} TOPS)", flush=True)
+    _prof(lambda: KA.backward(*qt, o_, lse, do, "none", None, "HND", q.dtype), [ProfilerActivity.CUDA],
+          "cuda_time_total", 10)
+    for name in ("_fwd_tuned", "_dkdv_tuned", "_dq_tuned"):
+        tuner = getattr(KA, name)
+        print(name, "best config:", {str(k_): str(c) for k_, c in tuner.cache.items()}, flush=True)
+
+
+def graph():
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+    import sage_compile
+    from sage_compile import _compat, policy
+
+    policy.GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
+    torch.manual_seed(0)
+    m = CogVideoXBlock(dim=256, num_attention_heads=4, attention_head_dim=64, time_embed_dim=64).attn1
+    m = m.cuda().bfloat16().eval()
+    ang = torch.rand(512, 64) * 6.28
+    kw = dict(hidden_states=torch.randn(1, 512, 256).cuda().bfloat16(),
+              encoder_hidden_states=torch.randn(1, 64, 256).cuda().bfloat16(),
+              image_rotary_emb=(ang.cos().cuda(), ang.sin().cuda()))
+    key = _compat.inductor_division_rounding_key()
+
+    def run(prologue, rescale, div, compiler="inductor"):
+        torch._dynamo.reset()
+        be = sage_compile.make_backend(compiler=compiler, kernel="int8_fp8", prologue=prologue,
+                                       int8_channel_rescale=rescale)
+        real = _compat.inductor_division_rounding_key
+        _compat.inductor_division_rounding_key = (lambda: key) if div else (lambda: None)
+        try:
+            with torch.no_grad():
+                o = torch.compile(m, backend=be)(**kw)
+        finally:
+            _compat.inductor_division_rounding_key = real
+        return torch.cat([t.flatten().float() for t in o])
+
+    with torch.no_grad():
+        eager = torch.cat([t.flatten().float() for t in m(**kw)])
+    ref = run("op", True, False)
+    print("op vs eager cos", F.cosine_similarity(ref, eager, dim=0).item(), flush=True)
+    for prologue, rescale, div, comp in (("graph", True, True, "inductor"), ("graph", True, False, "inductor"),
+                                         ("graph", False, True, "inductor"), ("graph", True, True, "eager")):
+        try:
+            got = run(prologue, rescale, div, comp)
+            print(f"graph rescale={rescale} div_patch={div} compiler={comp}: cos vs op "
+                  f"{F.cosine_similarity(got, ref, dim=0).item():.6f}", flush=True)
+        except Exception as e:
+            print(f"graph rescale={rescale} div={div} {comp}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="graph,overhead,train")
+    for part in ap.parse_args().parts.split(","):
+        print(f"===== {part}", flush=True)
+        try:
+            globals()[part]()
+        except Exception as e:  # one part failing leaves the others
+            print(f"{part} failed: {type(e).__name__}: {str(e)[:500]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
