@@ -113,7 +113,7 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
             elif dec.scheme == "int8_train":
                 pair = emit("call_function", ops.attention_train.default,
-                            (q, k, v, mask, site.causal, scale, site.layout))
+                            (q, k, v, mask, site.causal, scale, site.layout, options.int8_train_psi))
                 out = emit("call_function", operator.getitem, (pair, 0))
             else:
                 raise ValueError(f"rewrite: no ops for scheme {dec.scheme!r}")

@@ -29,6 +29,10 @@ class Options:
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
+    int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``tile`` (one per 128x64 tile, the
+        paper's) or ``split`` (one per row of each matmul's own operand: per query row for dQ, per key for
+        dK and dV; reference study, benchmarks/results/ablation_sagebwd.json: gaussian dQ cos 0.9984 ->
+        0.9998, outlier dQ 0.964 -> 0.994). ``tile`` stays the default until ``split`` is measured on the GPU.
     prologue: ``op`` (the prologue custom op: Triton kernels on CUDA) or ``graph`` (the prologue as plain
         torch ops in the graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm; on CPU
         it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` is
@@ -42,6 +46,7 @@ class Options:
     fp4_delta_s: str = "fp32"
     fp4_smooth: str = "qk"
     int8_channel_rescale: bool = True
+    int8_train_psi: str = "tile"
     switchable: bool = False
     prologue: str = "op"
 

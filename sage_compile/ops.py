@@ -217,17 +217,20 @@ def _(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale, layout, out_dtype
 # ------------------------------------------------------------------------------------------ int8_train
 @torch.library.custom_op("sage_compile::attention_train", mutates_args=())
 def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                    layout: str) -> tuple[Tensor, Tensor]:
+                    layout: str, psi: str = "tile") -> tuple[Tensor, Tensor]:
     """SageBwd forward (INT8 QKᵀ and PV): returns ``(O in layout, LSE fp32 (B, Hq, Nq))``; its autograd
     formula is the SageBwd backward (:func:`attention_train_backward`). ``attn_mask``: None, bool or
-    additive, broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it)."""
+    additive, broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it). ``psi``: the backward's
+    INT8 scale granularity (``Options.int8_train_psi``)."""
+    if psi not in ("tile", "split"):
+        raise ValueError(f"sage_compile: int8_train_psi must be 'tile' or 'split', got {psi!r}")
     impl = impl_for("int8_train", q.device.type)
     o, lse = impl.forward(*impl.quantize(q, k, v, layout)[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask)
     return o.contiguous(), lse
 
 
 @attention_train.register_fake
-def _(q, k, v, attn_mask, causal, scale, layout):
+def _(q, k, v, attn_mask, causal, scale, layout, psi="tile"):
     b, hq, nq, _ = _hnd(q, layout)
     return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
 
@@ -235,30 +238,30 @@ def _(q, k, v, attn_mask, causal, scale, layout):
 @torch.library.custom_op("sage_compile::attention_train_backward", mutates_args=())
 def attention_train_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
                              attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                             layout: str) -> tuple[Tensor, Tensor, Tensor]:
+                             layout: str, psi: str = "tile") -> tuple[Tensor, Tensor, Tensor]:
     """SageBwd backward: INT8 dV, dQ, dK; dO·Vᵀ in 16-bit; Q̂, K̂, V̂ re-quantized (same bits as forward)."""
     impl = impl_for("int8_train", q.device.type)
     dq, dk, dv = impl.backward(*impl.quantize(q, k, v, layout), o, lse, do, causal, scale, layout, q.dtype,
-                               attn_mask=attn_mask)
+                               attn_mask=attn_mask, psi=psi)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @attention_train_backward.register_fake
-def _(q, k, v, o, lse, do, attn_mask, causal, scale, layout):
+def _(q, k, v, o, lse, do, attn_mask, causal, scale, layout, psi="tile"):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _train_setup(ctx, inputs, output):
-    q, k, v, attn_mask, causal, scale, layout = inputs
+    q, k, v, attn_mask, causal, scale, layout, psi = inputs
     ctx.save_for_backward(q, k, v, attn_mask, *output)
-    ctx.causal, ctx.scale, ctx.layout = causal, scale, layout
+    ctx.causal, ctx.scale, ctx.layout, ctx.psi = causal, scale, layout, psi
 
 
 def _train_backward(ctx, grad_o, grad_lse):
     q, k, v, attn_mask, o, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.sage_compile.attention_train_backward(q, k, v, o, lse, grad_o.contiguous(), attn_mask,
-                                                                 ctx.causal, ctx.scale, ctx.layout)
-    return dq, dk, dv, None, None, None, None
+                                                                 ctx.causal, ctx.scale, ctx.layout, ctx.psi)
+    return dq, dk, dv, None, None, None, None, None
 
 
 attention_train.register_autograd(_train_backward, setup_context=_train_setup)
@@ -285,7 +288,7 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
     if scheme == "int8_train":
         if attn_mask is not None and causal != "none":
             raise ValueError("sage_compile: int8_train takes a causal rule or an attn_mask, not both")
-        return ops.attention_train(q, k, v, attn_mask, causal, scale, layout)[0]
+        return ops.attention_train(q, k, v, attn_mask, causal, scale, layout, o.int8_train_psi)[0]
     raise ValueError(f"sage_compile: unknown or unimplemented scheme {scheme!r}")
 
 

@@ -29,13 +29,13 @@ def _grads_fp32(q, k, v, causal, do):
     return torch.autograd.grad(o, (qq, kk, vv), do.float())
 
 
-def _run(q, k, v, causal, do):
+def _run(q, k, v, causal, do, psi="tile"):
     KQ, KA = _k()
     qt = KQ.quantize(q, k, v)
     _poison()
     o, lse = KA.forward(*qt[:6], causal, None, "HND", q.dtype)
     _poison()
-    return o, KA.backward(*qt, o, lse, do, causal, None, "HND", q.dtype)
+    return o, KA.backward(*qt, o, lse, do, causal, None, "HND", q.dtype, psi=psi)
 
 
 def test_prologue_bit_identical_on_gpu():
@@ -56,28 +56,30 @@ def test_prologue_bit_identical_on_gpu():
         assert torch.equal(bits(a), bits(b)), name
 
 
+@pytest.mark.parametrize("psi", ["tile", "split"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
-def test_gradient_goal_gaussian(d, causal):
+def test_gradient_goal_gaussian(d, causal, psi):
     """Issue 5: dQ, dK, dV cos >= 0.998 vs fp32 autograd on gaussian inputs (N=2048, GQA 8/2)."""
     g = torch.Generator().manual_seed(d)
     q = torch.randn(2, 8, 2048, d, generator=g).cuda().bfloat16()
     k, v = (torch.randn(2, 2, 2048, d, generator=g).cuda().bfloat16() for _ in range(2))
     do = torch.randn(2, 8, 2048, d, generator=g).cuda().bfloat16()
-    o, got = _run(q, k, v, causal, do)
+    o, got = _run(q, k, v, causal, do, psi)
     want = _grads_fp32(q, k, v, causal != "none", do)
     ref_o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal != "none", enable_gqa=True)
     res = {"o": cos_rel(o.float(), ref_o)}
     res.update({n: cos_rel(a.float(), w) for n, a, w in zip(("dq", "dk", "dv"), got, want)})
-    print(f"\nint8_train gaussian d={d} {causal}: " + "  ".join(f"{n} {c:.5f}/{r:.4f}" for n, (c, r) in res.items()))
+    print(f"\nint8_train gaussian d={d} {causal} psi={psi}: " + "  ".join(f"{n} {c:.5f}/{r:.4f}" for n, (c, r) in res.items()))
     assert all(torch.isfinite(t).all() for t in (o, *got))
     assert res["o"][0] >= 0.999
     for n in ("dq", "dk", "dv"):
         assert res[n][0] >= 0.998, (n, res[n])
 
 
+@pytest.mark.parametrize("psi", ["tile", "split"])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
-def test_outlier_inputs_report_and_match_reference(causal):
+def test_outlier_inputs_report_and_match_reference(causal, psi):
     """Outlier set (K bias σ=4, four channels x8, Q x2), hd128 N=2048: reported; the kernel's gradient
     error vs fp32 is the reference's (error ratio) and finite."""
     from sage_compile.reference import int8_train as R
@@ -86,18 +88,18 @@ def test_outlier_inputs_report_and_match_reference(causal):
     g = torch.Generator().manual_seed(5)
     q, k, v = (t.cuda().bfloat16() for t in outlier_inputs(1, 4, 2048, 128, g, hkv=2))
     do = torch.randn(q.shape, generator=g).cuda().bfloat16()
-    o, got = _run(q, k, v, causal, do)
+    o, got = _run(q, k, v, causal, do, psi)
     want = _grads_fp32(q, k, v, causal != "none", do)
     rq = R.quantize(q, k, v)
     ro, rlse = R.forward(*rq[:6], causal, None, "HND", q.dtype)
-    ref = R.backward(*rq, ro, rlse, do, causal, None, "HND", q.dtype)
+    ref = R.backward(*rq, ro, rlse, do, causal, None, "HND", q.dtype, psi=psi)
     line = []
     for n, a, r, w in zip(("dq", "dk", "dv"), got, ref, want):
         ka, kr = cos_rel(a.float(), w), cos_rel(r.float(), w)
         line.append(f"{n} kernel {ka[0]:.5f}/{ka[1]:.4f} reference {kr[0]:.5f}/{kr[1]:.4f}")
         assert torch.isfinite(a).all()
         assert ka[1] <= 1.1 * kr[1] + 1e-3 and ka[0] >= kr[0] - 1e-3, (n, ka, kr)
-    print(f"\nint8_train outlier hd128 {causal}: " + "; ".join(line))
+    print(f"\nint8_train outlier hd128 {causal} psi={psi}: " + "; ".join(line))
 
 
 @pytest.mark.parametrize("case", ["bottom_right_gqa_ragged", "bool_mask_nhd", "causal_bool_mask"])

@@ -93,8 +93,10 @@ def _exact_grads(q, k, v, mask, causal, layout, do):
     return t(o).detach(), torch.autograd.grad(t(o), (qq, kk, vv), do.float())
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_forward_and_backward_match_reference(name):
+@pytest.mark.parametrize("name,psi", [(n, "tile") for n in CASES] + [("causal_gqa_ragged", "split"),
+                                                                      ("bottom_right_lq_gt_lk", "split"),
+                                                                      ("bool_mask", "split")])
+def test_forward_and_backward_match_reference(name, psi):
     q, k, v, mask, causal, layout = _case(name)
     got_q, want_q = KQ.quantize(q, k, v, layout), R.quantize(q, k, v, layout)
     o, lse = KA.forward(*got_q[:6], causal, None, layout, q.dtype, attn_mask=mask)
@@ -106,8 +108,8 @@ def test_forward_and_backward_match_reference(name):
     assert cos_rel(o.float(), ro.float())[1] < 0.01
     do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype)
     exact_o, want = _exact_grads(q, k, v, mask, causal, layout, do)
-    got = KA.backward(*got_q, o, lse, do, causal, None, layout, q.dtype, attn_mask=mask)
-    ref = R.backward(*want_q, ro, rlse, do, causal, None, layout, q.dtype, attn_mask=mask)
+    got = KA.backward(*got_q, o, lse, do, causal, None, layout, q.dtype, attn_mask=mask, psi=psi)
+    ref = R.backward(*want_q, ro, rlse, do, causal, None, layout, q.dtype, attn_mask=mask, psi=psi)
     for name_, a, r, w in zip("qkv", got, ref, want):
         assert a.shape == r.shape == w.shape and a.dtype == q.dtype and torch.isfinite(a).all(), name_
         ka, kr = cos_rel(a.float(), w), cos_rel(r.float(), w)

@@ -24,13 +24,14 @@ BLOCK_M, BLOCK_N = 128, 64
 _DTYPE16 = {torch.float32: torch.bfloat16}
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", k_block: int = BLOCK_N):
     """Returns ``(q8, qs (B,Hq,ceil(Nq/128)), k8, ks (B,Hkv,ceil(Nk/64)), v8, vs (B,Hkv,ceil(Nk/64)),
-    k_mean (B,Hkv,1,D))``; inputs are never modified."""
+    k_mean (B,Hkv,1,D))``; inputs are never modified. ``k_block``: tokens per K scale (ablations; the
+    kernels use 64)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     ksm, mean = smooth_k(k)
     q8, qs = quant_int8(q, BLOCK_M)
-    k8, ks = quant_int8(ksm, BLOCK_N)
+    k8, ks = quant_int8(ksm, k_block)
     v8, vs = quant_int8(v, BLOCK_N)
     return q8, qs, k8, ks, v8, vs, mean
 
@@ -46,14 +47,14 @@ def _tile_quant(x: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
 
 
 def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype,
-            attn_mask: Optional[torch.Tensor] = None):
+            attn_mask: Optional[torch.Tensor] = None, k_block: int = BLOCK_N):
     """Returns ``(O in layout/out_dtype, LSE fp32 (B, Hq, Nq))``. ``attn_mask``: bool (True = attend) or
     additive, broadcastable to ``(B, Hq, Nq, Nk)``."""
     b, hq, lq, d = q8.shape
     lk = k8.shape[2]
     c = engine.default_scale(scale, d) * engine.LOG2E
     qf = dequant_int8(q8, qs, BLOCK_M)
-    kf = engine.gqa_expand(dequant_int8(k8, ks, BLOCK_N), hq)
+    kf = engine.gqa_expand(dequant_int8(k8, ks, k_block), hq)
     vq = engine.gqa_expand(v8, hq).float()
     vsx = engine.gqa_expand(vs, hq)
 
@@ -72,15 +73,19 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
 
 
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
-             in_dtype: torch.dtype, dp_int8: bool = False, attn_mask: Optional[torch.Tensor] = None):
-    """SageBwd gradients ``(dq, dk, dv)`` in ``layout`` and ``in_dtype``. ``dp_int8=True`` is the
-    ablation that also quantizes dO·Vᵀ (the SageBwd paper shows it hurts dQ). ``attn_mask`` as in
-    :func:`forward`."""
+             in_dtype: torch.dtype, dp_int8: bool = False, attn_mask: Optional[torch.Tensor] = None,
+             k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N), psi: str = "tile"):
+    """SageBwd gradients ``(dq, dk, dv)`` in ``layout`` and ``in_dtype``. ``attn_mask`` as in
+    :func:`forward`. Ablations (the kernels implement the defaults): ``dp_int8=True`` also quantizes
+    dO·Vᵀ (the SageBwd paper shows it hurts dQ); ``k_block`` tokens per K scale; ``ds_block`` the
+    (queries, keys) tile sharing one ψ(dS) scale. ``psi="split"``: one scale per row of each matmul's
+    own operand (the finest that still factors out of an integer dot): ψ(dS) per query row in each
+    64-key tile for dQ, per key over each 128-query block for dK, ψ(P) per key for dV."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     sm = engine.default_scale(scale, d)
     qf = dequant_int8(q8, qs, BLOCK_M)
-    kf = engine.gqa_expand(dequant_int8(k8, ks, BLOCK_N), hq)
+    kf = engine.gqa_expand(dequant_int8(k8, ks, k_block), hq)
     vf = engine.gqa_expand(dequant_int8(v8, vs, BLOCK_N), hq)
     of, dof = to_hnd(o, layout).float(), to_hnd(do, layout).float()
     s = (qf @ kf.transpose(-1, -2)) * sm
@@ -90,17 +95,46 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     if attn_mask is not None:
         s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
-    dvx = _tile_quant(p, BLOCK_M, BLOCK_N).transpose(-1, -2) @ _tile_quant(dof, BLOCK_M, d)
+    split = psi == "split"
+    if psi not in ("tile", "split"):
+        raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
+    dvx = _tile_quant(p, BLOCK_M, 1 if split else BLOCK_N).transpose(-1, -2) @ _tile_quant(dof, BLOCK_M, d)
     d16 = _DTYPE16.get(in_dtype, in_dtype)
     if dp_int8:
         dp = _tile_quant(dof, BLOCK_M, d) @ _tile_quant(vf, BLOCK_N, d).transpose(-1, -2)
     else:
         dp = dof.to(d16).float() @ vf.to(d16).float().transpose(-1, -2)
     delta = (dof * of).sum(-1, keepdim=True)
-    ds = _tile_quant(p * (dp - delta), BLOCK_M, BLOCK_N)
+    ds_full = p * (dp - delta)
+    ds = _tile_quant(ds_full, 1, BLOCK_N) if split else _tile_quant(ds_full, *ds_block)
     dq = (ds @ kf + ds.sum(-1, keepdim=True) * engine.gqa_expand(k_mean, hq)) * sm
-    dkx = (ds.transpose(-1, -2) @ qf) * sm
+    dsk = _tile_quant(ds_full, BLOCK_M, 1) if split else ds
+    dkx = (dsk.transpose(-1, -2) @ qf) * sm
     g = hq // hkv
     dk, dv = dkx.unflatten(1, (hkv, g)).sum(2), dvx.unflatten(1, (hkv, g)).sum(2)
     back = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
     return back(dq).to(in_dtype), back(dk).to(in_dtype), back(dv).to(in_dtype)
+
+
+def gradients_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: str = "none",
+                       scale: Optional[float] = None, k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N),
+                       dp_int8: bool = False, rescale: bool = False, psi: str = "tile"):
+    """SageBwd forward + backward with the study's knobs (HND, fp32 out): ``(o, dq, dk, dv)``.
+
+    Defaults are :func:`forward` + :func:`backward` exactly. ``rescale`` balances Q/K channel ranges
+    first (:func:`~sage_compile.reference.quant.channel_balance`; S = (Q·s)(K/s)ᵀ is exact), so the
+    gradients come back as dQ = dQ'·s and dK = dK'/s."""
+    from .quant import channel_balance
+
+    q, k, v, do = (t.float() for t in (q, k, v, do))
+    s = None
+    if rescale:
+        s = channel_balance(q, smooth_k(k)[0])
+        q, k = q * engine.gqa_expand(s, q.shape[1]), k / s
+    qt = quantize(q, k, v, k_block=k_block)
+    o, lse = forward(*qt[:6], causal, scale, "HND", torch.float32, k_block=k_block)
+    dq, dk, dv = backward(*qt, o, lse, do, causal, scale, "HND", torch.float32, dp_int8=dp_int8,
+                          k_block=k_block, ds_block=tuple(ds_block), psi=psi)
+    if s is not None:
+        dq, dk = dq * engine.gqa_expand(s, dq.shape[1]), dk / s
+    return o, dq, dk, dv

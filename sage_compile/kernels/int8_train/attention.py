@@ -60,6 +60,16 @@ def _psi(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
+def _psi_rows(x, EMULATE: tl.constexpr):
+    """ψ with one scale per row (row amax / 127): (int8 tile, scales (rows,)). Row scales factor out of
+    an integer dot whose output rows they index (``psi="split"``)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    r = tl.where(amax > 0, 127.0 / amax, 0.0)
+    y = tl.minimum(tl.maximum(rne(x * r[:, None], EMULATE), -127.0), 127.0)
+    return y.to(tl.int8), amax / 127.0
+
+
+@triton.jit
 def _mm16(x, EMULATE: tl.constexpr):
     """A 16-bit dP operand; the interpreter's bf16 dot multiplies raw bits, so there the (already
     rounded, hence identical) values go in as fp32."""
@@ -145,7 +155,7 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
 def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
               smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D, NQB, NKB,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+              BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EMULATE: tl.constexpr):
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
@@ -181,14 +191,23 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK
                          CAUSAL, MASK_KIND)
             pt = tl.math.exp2(zt - lse[None, :] * 1.4426950408889634)
             pt = tl.where(zt == float("-inf"), 0.0, pt)
-            p8, sp = _psi(pt, EMULATE)
             do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
-            dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * tl.load(SDO + bh * NQB + m0 // 128))
+            sdo = tl.load(SDO + bh * NQB + m0 // 128)
+            if PSI_ROWS:  # one scale per key (over this 128-query block)
+                p8, sp = _psi_rows(pt, EMULATE)
+                dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
+            else:
+                p8, sp = _psi(pt, EMULATE)
+                dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dpt = tl.dot(_mm16(v16, EMULATE), tl.trans(_mm16(do16, EMULATE)))
-            ds8, sds = _psi(pt * (dpt - delta[None, :]), EMULATE)
             qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
-            dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
+            if PSI_ROWS:
+                ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
+                dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
+            else:
+                ds8, sds = _psi(pt * (dpt - delta[None, :]), EMULATE)
+                dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
     st = (offs_n[:, None] < LK) & (rd[None, :] < D)
     optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
     tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=st)
@@ -199,7 +218,7 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK
 def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
             smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D, NQB, NKB,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+            BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EMULATE: tl.constexpr):
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     bhk = b * (HQ // GROUP) + h // GROUP
@@ -232,9 +251,13 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, s
         p = tl.math.exp2(z - lse[:, None] * 1.4426950408889634)
         p = tl.where(z == float("-inf"), 0.0, p)
         dp = tl.dot(_mm16(do16, EMULATE), tl.trans(_mm16(v16, EMULATE)))
-        ds8, sds = _psi(p * (dp - delta[:, None]), EMULATE)
         kt = tl.load(K8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)
-        dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
+        if PSI_ROWS:  # one scale per query row in this key tile
+            ds8, sds = _psi_rows(p * (dp - delta[:, None]), EMULATE)
+            dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)[:, None]
+        else:
+            ds8, sds = _psi(p * (dp - delta[:, None]), EMULATE)
+            dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
         rs += tl.sum(ds8.to(tl.float32), axis=1) * sds
     mu = tl.load(KMEAN + bhk * D + rd, mask=rd < D, other=0.0)
     dq = (dq + rs[:, None] * mu[None, :]) * sm
@@ -257,9 +280,9 @@ def _bwd_configs():
 
 
 _fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_fwd_kernel)
-_dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"],
-                              reset_to_zero=None)(_bwd_dkdv)
-_dq_tuned = triton.autotune(configs=_bwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_bwd_dq)
+_BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "PSI_ROWS"]
+_dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dkdv)
+_dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dq)
 
 
 def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
@@ -318,9 +341,13 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
 
 
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
-             in_dtype: torch.dtype, attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None):
+             in_dtype: torch.dtype, attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None,
+             psi: str = "tile"):
     """Same contract as :func:`sage_compile.reference.int8_train.backward`: ``(dq, dk, dv)`` in ``layout``
-    and ``in_dtype``. ``config`` (``num_warps``, ``num_stages``) bypasses autotuning."""
+    and ``in_dtype``; ``psi`` ``tile`` | ``split`` as there. ``config`` (``num_warps``, ``num_stages``)
+    bypasses autotuning."""
+    if psi not in ("tile", "split"):
+        raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
@@ -347,7 +374,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
-                EMULATE=EMULATE_FP8)
+                PSI_ROWS=psi == "split", EMULATE=EMULATE_FP8)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
