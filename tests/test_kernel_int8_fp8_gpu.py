@@ -3,7 +3,7 @@ accuracy goals vs fp32 SDPA on gaussian and outlier inputs, poisoned outputs, an
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, outlier_inputs, shape_case
+from helpers import bits, cos_rel, outlier_inputs, poison_cuda_cache, shape_case
 from torch._dynamo.utils import counters
 
 import sage_compile
@@ -16,12 +16,6 @@ def _kernels():
     from sage_compile.kernels.int8_fp8 import quantize as KQ
 
     return KQ, KA
-
-
-def _poison():
-    """Fill the caching allocator's free blocks with NaN so an unwritten output cannot pass."""
-    x = torch.full((1 << 28,), float("nan"), device="cuda")
-    del x
 
 
 def _sets(d, n=4096, b=2, h=8):
@@ -70,7 +64,7 @@ def test_accuracy_vs_fp32_and_reference(d, causal, inputs):
     exact = F.scaled_dot_product_attention(q, k, v, is_causal=causal != "none")
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
     qt = KQ.quantize(qb, kb, vb)
-    _poison()
+    poison_cuda_cache()
     out = KA.attention(*qt, None, causal, None, "HND", torch.bfloat16).float()
     ref = R.attention(*qt, None, causal, None, "HND", torch.bfloat16).float()
     assert torch.isfinite(out).all()
@@ -143,9 +137,9 @@ def test_llm_mask_runs_structured_and_equals_reading_it(side):
     qt = KQ.quantize(q, k, v)
     f, kr = KA.mask_structure(mask.view(torch.uint8).expand(b, h, n, n), n, n)
     assert f.item() == 1 and kr.tolist() == [[0, n], [0, n - 1000] if side == "right" else [1000, n]]
-    _poison()
+    poison_cuda_cache()
     fast = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16)
-    _poison()
+    poison_cuda_cache()
     read = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16, detect_mask=False)
     assert torch.isfinite(fast).all()
     causal = KA.attention(*qt, None, "top_left", None, "HND", torch.bfloat16)

@@ -4,7 +4,7 @@ poisoned outputs, and a compiled model training through backend="sage" on the ke
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, outlier_inputs
+from helpers import bits, cos_rel, outlier_inputs, poison_cuda_cache
 
 import sage_compile
 
@@ -18,11 +18,6 @@ def _k():
     return KQ, KA
 
 
-def _poison():
-    x = torch.full((1 << 28,), float("nan"), device="cuda")
-    del x
-
-
 def _grads_fp32(q, k, v, causal, do):
     qq, kk, vv = (t.detach().float().requires_grad_() for t in (q, k, v))
     o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, enable_gqa=True)
@@ -32,9 +27,9 @@ def _grads_fp32(q, k, v, causal, do):
 def _run(q, k, v, causal, do, psi="tile"):
     KQ, KA = _k()
     qt = KQ.quantize(q, k, v)
-    _poison()
+    poison_cuda_cache()
     o, lse = KA.forward(*qt[:6], causal, None, "HND", q.dtype)
-    _poison()
+    poison_cuda_cache()
     return o, KA.backward(*qt, o, lse, do, causal, None, "HND", q.dtype, psi=psi)
 
 
