@@ -1,0 +1,190 @@
+"""One denoising step of real-size diffusion transformers (random weights, real configs, bf16, no
+downloads), compiled several ways in one process (issue 7):
+
+    python benchmarks/bench_e2e.py --model cogvideox --out benchmarks/results/e2e_cogvideox_h200.json
+    python benchmarks/bench_e2e.py --model flux --out benchmarks/results/e2e_flux_h200.json
+    python benchmarks/bench_e2e.py --model cogvideox --tiny --device cpu --variants eager,sage_int8_fp8   # smoke test
+
+Models: ``cogvideox`` = CogVideoX-2B's transformer (30 layers, 30 heads x 64, 49 frames at 480x720 ->
+13 x 30 x 45 = 17,550 video tokens + 226 text), ``flux`` = Flux-dev's (19 + 38 blocks, 24 heads x 128,
+1024² -> 4,096 image tokens + 512 text). Variants: ``eager``, ``inductor`` (SDPA as Inductor picks it),
+``sage_<scheme>`` (``backend="sage"``, ``kernel=<scheme>``). Per variant: step latency
+(``triton.testing.do_bench`` median), compile time (first call), the attention kernels' share of the CUDA
+time of one step (profiler, by kernel name), and the output's cos / rel-L1 vs eager. The Amdahl
+prediction for each sage variant uses the inductor step's attention share and the attention kernels'
+measured speed-up in the same process: predicted = t_inductor / ((1 - a) + a / r).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit  # noqa: E402
+
+_ATTN = re.compile(r"sdpa|flash|fmha|attention|_fwd_body|_fwd_kernel", re.I)
+
+
+def build(model: str, tiny: bool, device: str, batch: int):
+    """(module, kwargs) with random weights (bf16) and inputs of the real shapes (or tiny ones)."""
+    g = torch.Generator().manual_seed(0)
+    dt = torch.bfloat16
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(device, dt)
+
+    with torch.device(device):
+        if model == "cogvideox":
+            from diffusers import CogVideoXTransformer3DModel
+
+            cfg = dict(num_attention_heads=30, attention_head_dim=64, num_layers=30, sample_frames=49,
+                       sample_height=60, sample_width=90, text_embed_dim=4096, time_embed_dim=512)
+            f, h, w, txt, emb = 13, 60, 90, 226, 4096
+            if tiny:
+                cfg.update(num_attention_heads=2, attention_head_dim=32, num_layers=1, sample_frames=5,
+                           sample_height=8, sample_width=8, text_embed_dim=32, time_embed_dim=16)
+                f, h, w, emb = 2, 8, 8, 32
+            m = CogVideoXTransformer3DModel(**cfg).to(dt).eval()
+            kw = dict(hidden_states=rnd(batch, f, 16, h, w), encoder_hidden_states=rnd(batch, txt, emb),
+                      timestep=torch.full((batch,), 500, dtype=torch.long, device=device), return_dict=False)
+        elif model == "flux":
+            from diffusers import FluxTransformer2DModel
+
+            cfg = dict(num_layers=19, num_single_layers=38, attention_head_dim=128, num_attention_heads=24,
+                       joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True)
+            n, txt = 4096, 512
+            if tiny:
+                cfg.update(num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=2,
+                           joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(8, 12, 12))
+                n, txt = 64, 16
+            m = FluxTransformer2DModel(**cfg).to(dt).eval()
+            side = int(n ** 0.5)
+            ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(side).float(), torch.arange(side).float(),
+                                             indexing="ij"),
+                              -1).reshape(-1, 3).to(device)
+            kw = dict(hidden_states=rnd(batch, n, 64), encoder_hidden_states=rnd(batch, txt, cfg["joint_attention_dim"]),
+                      pooled_projections=rnd(batch, cfg["pooled_projection_dim"]),
+                      timestep=torch.full((batch,), 0.5, device=device, dtype=dt), img_ids=ids,
+                      txt_ids=torch.zeros(txt, 3, device=device), guidance=torch.full((batch,), 3.5, device=device, dtype=dt),
+                      return_dict=False)
+        else:
+            raise ValueError(model)
+    return m, kw
+
+
+def attention_share(fn, device) -> tuple[float, float]:
+    """(attention kernels' CUDA ms, all kernels' CUDA ms) of one call."""
+    if device != "cuda":
+        return float("nan"), float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    attn = total = 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total += e.device_time / 1e3
+            if _ATTN.search(e.name):
+                attn += e.device_time / 1e3
+    return attn, total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="cogvideox", choices=["cogvideox", "flux"])
+    ap.add_argument("--variants", default="eager,inductor,sage_int8_fp8")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny config (smoke test)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    import sage_compile
+
+    out_path = a.out or f"benchmarks/results/e2e_{a.model}{'_tiny' if a.tiny else ''}.json"
+    m, kw = build(a.model, a.tiny, a.device, a.batch)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
+    meta = dict(device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu", torch=torch.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
+                model=a.model + ("_tiny" if a.tiny else ""), batch=a.batch, inputs="random weights and latents")
+    recs, ref, res, outs = [], None, {}, {}
+    for var in a.variants.split(","):
+        torch._dynamo.reset()
+        if var == "eager":
+            fn_m = m
+        elif var == "inductor":
+            fn_m = torch.compile(m)
+        elif var.startswith("sage_"):
+            fn_m = torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):]))
+        else:
+            raise ValueError(var)
+        with torch.no_grad():
+            sage_compile.debug.clear_reports()
+            t0 = time.perf_counter()
+            y = fn_m(**kw)[0]
+            sync()
+            first = time.perf_counter() - t0
+            fn = lambda: fn_m(**kw)  # noqa: E731
+            if a.device == "cuda":
+                import triton
+
+                ms = triton.testing.do_bench(fn, warmup=3, rep=1000)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                ms = (time.perf_counter() - t0) * 1e3
+            attn, total = attention_share(fn, a.device)
+        y = y.float().flatten()
+        if ref is None:
+            ref = y
+        outs[var] = y
+        cos = torch.nn.functional.cosine_similarity(y.double(), ref.double(), dim=0).item()
+        rel = ((y - ref).abs().sum() / ref.abs().sum()).item()
+        vs_ind = ""
+        if "inductor" in outs and var != "inductor":  # compiled bf16 differs from eager by itself: compare too
+            yi = outs["inductor"]
+            ci = torch.nn.functional.cosine_similarity(y.double(), yi.double(), dim=0).item()
+            vs_ind = f" (vs inductor cos {ci:.5f})"
+            recs.append(dict(meta, kernel=var, variant="step", metric="cos", value=ci, note="vs inductor"))
+        rows = [r for rep in sage_compile.debug.last_reports() for r in rep]
+        sites = f"{sum(r['decision'] != 'kept' for r in rows)}/{len(rows)} sites replaced" if rows else ""
+        res[var] = dict(ms=ms, attn=attn, total=total)
+        print(f"{a.model} {var:16s} step {ms:9.2f} ms  first call {first:7.1f} s  attention {attn:8.2f} of "
+              f"{total:8.2f} ms CUDA  cos {cos:.5f} rel-L1 {rel:.4f}{vs_ind}  {sites}", flush=True)
+        base = dict(meta, kernel=var, variant="step", note=sites)
+        recs += [dict(base, metric="ms", value=ms), dict(base, metric="compile_s", value=first),
+                 dict(base, metric="cos", value=cos, note=f"vs eager; {sites}"),
+                 dict(base, metric="rel_l1", value=rel, note=f"vs eager; {sites}"),
+                 dict(base, metric="attention_ms", value=attn), dict(base, metric="cuda_ms", value=total)]
+        del fn_m
+    ind = res.get("inductor")
+    if ind and ind["total"] == ind["total"] and ind["total"] > 0:
+        share = ind["attn"] / ind["total"]
+        for var, r in res.items():
+            if not var.startswith("sage_") or not r["attn"]:
+                continue
+            speed = ind["attn"] / r["attn"]
+            pred = ind["ms"] / ((1 - share) + share / speed)
+            print(f"{var}: inductor attention share {share:.2f}, attention speed-up {speed:.2f}x -> Amdahl "
+                  f"{pred:.2f} ms (measured {r['ms']:.2f} ms, {r['ms'] / pred - 1:+.1%}); step speed-up vs "
+                  f"inductor {ind['ms'] / r['ms']:.2f}x", flush=True)
+            base = dict(meta, kernel=var, variant="step")
+            recs += [dict(base, metric="speedup", value=ind["ms"] / r["ms"], note="vs inductor"),
+                     dict(base, metric="ms", value=pred, note="Amdahl prediction from the attention speed-up")]
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(recs, f, indent=1)
+    print("wrote", out_path)
+
+
+if __name__ == "__main__":
+    main()
