@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import bits, cos_rel
 
 if torch.cuda.is_available():

@@ -16,7 +16,6 @@ true) is recognised first and run as the causal (or unmasked) kernel.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Optional
 
@@ -28,7 +27,6 @@ from .._common import CAUSAL_CODES, EMULATE_FP8, rne
 from .quantize import BLOCK_KV, BLOCK_Q
 
 LOG2E = 1.4426950408889634
-log = logging.getLogger("sage_compile")
 _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
 
 
