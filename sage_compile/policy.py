@@ -12,6 +12,7 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+MAX_HEAD_DIM_TRAIN_CUDA = 128  # the int8_train Triton kernels (registers of the backward's accumulators)
 # Schemes with an implementation (reference on any device); int8_train lands with the SageBwd issue.
 IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 
@@ -86,6 +87,9 @@ def decide(site, config, device_type: str) -> Decision:
                         fallback=True)
     if scheme not in IMPLEMENTED:
         return Decision(None, f"scheme {scheme} not implemented yet: kept", fallback=True)
+    if scheme == "int8_train" and device_type == "cuda" and site.head_dim > MAX_HEAD_DIM_TRAIN_CUDA:
+        return Decision(None, f"int8_train on CUDA supports head_dim <= {MAX_HEAD_DIM_TRAIN_CUDA}, not "
+                              f"{site.head_dim}: kept", fallback=True)
     if scheme == "exact":
         return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
     notes = []

@@ -290,3 +290,21 @@ def test_autocast_sites_are_replaced_with_autocast_dtype():
     assert row["decision"] == "int8_fp8" and row["dtype"] == "bfloat16", row
     assert out.dtype == ref.dtype == torch.bfloat16
     assert cos_rel(out.float(), ref.float())[0] > 0.999
+
+
+def test_policy_int8_train_head_dim_limit_on_cuda():
+    """int8_train's CUDA kernels take head_dim <= 128: larger CUDA sites stay SDPA with the reason; the
+    reference (CPU) takes them."""
+    from types import SimpleNamespace
+
+    from sage_compile import config, policy
+
+    site = SimpleNamespace(reject_reason=None, dropout_p=0.0, dtype=torch.bfloat16, head_dim=160, head_dim_v=160,
+                           dtypes=(torch.bfloat16,) * 3, hq=4, hkv=4, mask_kind="none", causal="top_left",
+                           requires_grad=True)
+    cfg = config.resolve(kernel="int8_train")
+    dec = policy.decide(site, cfg, "cuda")
+    assert dec.scheme is None and dec.fallback and "head_dim <= 128" in dec.reason
+    assert policy.decide(site, cfg, "cpu").scheme == "int8_train"
+    site.head_dim = site.head_dim_v = 128
+    assert policy.decide(site, cfg, "cuda").scheme == "int8_train"

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from .._common import CAUSAL_CODES, EMULATE_FP8, rne
 from .quantize import BLOCK_KV, BLOCK_Q
 
@@ -263,7 +264,6 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, s
 
 
 # ------------------------------------------------------------------------------------------ host side
-MAX_HEAD_DIM = 128
 _FWD_DEFAULT = dict(BLOCK_M=128, num_warps=8, num_stages=2)
 _BWD_DEFAULT = dict(num_warps=8, num_stages=2)
 
