@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's steps, logs under $OUT (see benchmarks/README.md):
-#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block ncu
+#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e ncu
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -21,6 +21,12 @@ for step in "$@"; do
            tail -40 "$OUT/bench.log" ;;
     block) timeout ${BLOCK_TIMEOUT:-900} python3 benchmarks/bench_block.py --out "$OUT/block_h200.json" ${BLOCK_ARGS:-} > "$OUT/block.log" 2>&1
            tail -40 "$OUT/block.log" ;;
+    train) timeout ${TRAIN_TIMEOUT:-300} python3 benchmarks/bench_train.py --out "$OUT/train_h200.json" > "$OUT/train.log" 2>&1
+           tail -12 "$OUT/train.log" ;;
+    e2e) for m in ${E2E_MODELS:-cogvideox flux}; do
+           timeout ${E2E_TIMEOUT:-500} python3 benchmarks/bench_e2e.py --model $m --variants ${E2E_VARIANTS:-eager,inductor,sage_int8_fp8} \
+             --out "$OUT/e2e_${m}_h200.json" > "$OUT/e2e_$m.log" 2>&1; tail -8 "$OUT/e2e_$m.log"
+         done ;;
     ncu) timeout 200 ncu --clock-control none --set full -k regex:_fwd_body -c 1 -o "$OUT/int8_fp8_hd128_16k" \
            python3 benchmarks/profile_one.py > "$OUT/ncu.log" 2>&1
          ncu --import "$OUT/int8_fp8_hd128_16k.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
