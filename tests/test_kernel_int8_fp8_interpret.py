@@ -151,7 +151,10 @@ def test_channel_scales_equal_channel_balance():
     q, k, _ = _inputs()
     k[0, 1, 5, 7] = 300.0  # an outlier channel
     q[0, 2, :, 9] = 0  # a zero channel: factor 1
+    q[0, 1, 3, 11] = float("nan")  # a NaN channel: factor 1 (as the reference)
+    k[0, 0, 4, 12] = float("inf")  # an infinite K channel: factor 1
     mean = KQ.k_mean(k)
     got = KQ.channel_scales(q, k, mean)
     want = channel_balance(q.float(), k.float() - mean[..., None, :])[:, :, 0]
     assert torch.equal(got, want)
+    assert got[0, 0, 11] == 1 and got[0, 0, 12] == 1 and torch.isfinite(got).all()

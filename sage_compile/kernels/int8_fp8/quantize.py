@@ -99,18 +99,45 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     return y, s
 
 
+@triton.jit
+def _channel_factors(QMIN, QMAX, KMIN, KMAX, MEAN, S, G, D, BLOCK_D: tl.constexpr):
+    """One program per (batch, kv head): s = sqrt(ak / aq) per channel, aq = max |q| over the G query
+    heads' token ranges, ak = max |k - mean| = max(kmax - mean, mean - kmin) (exact: x -> x - mean is
+    monotone); 1 where either is 0 or not finite. NaN propagates as in torch (then s = 1); IEEE division
+    and square root, so the factors are the reference's bits."""
+    bhk = tl.program_id(0)
+    rd = tl.arange(0, BLOCK_D)
+    m = rd < D
+    aq = tl.zeros((BLOCK_D,), tl.float32)
+    for g in range(0, G):
+        row = (bhk * G + g) * D + rd
+        qmax = tl.load(QMAX + row, mask=m, other=0.0).to(tl.float32)
+        qmin = tl.load(QMIN + row, mask=m, other=0.0).to(tl.float32)
+        aq = tl.maximum(aq, tl.maximum(qmax, -qmin, propagate_nan=tl.PropagateNan.ALL),
+                        propagate_nan=tl.PropagateNan.ALL)
+    mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
+    kmax = tl.load(KMAX + bhk * D + rd, mask=m, other=0.0).to(tl.float32)
+    kmin = tl.load(KMIN + bhk * D + rd, mask=m, other=0.0).to(tl.float32)
+    ak = tl.maximum(kmax - mu, mu - kmin, propagate_nan=tl.PropagateNan.ALL)
+    inf = float("inf")
+    ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
+    s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
+    tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
+
+
 def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """:func:`sage_compile.reference.quant.channel_balance` of (Q, K - mean) without materialising either:
-    the channel ranges come from min/max reductions (x -> x - mean is monotone in fp32, so
-    max |k - mean| = max(kmax - mean, mean - kmin) exactly). Returns (B, Hkv, D) fp32."""
+    the channel ranges come from min/max reductions (two torch launches) and one small Triton kernel
+    turns them into the factors (it replaced ~20 element-wise torch launches: host time at small shapes).
+    ``mean``: (B, Hkv, D) fp32, contiguous. Returns (B, Hkv, D) fp32."""
     b, hq, _, d = q_hnd.shape
     hkv = k_hnd.shape[1]
     qmin, qmax = torch.aminmax(q_hnd, dim=-2)
-    aq = torch.maximum(qmax.float(), -qmin.float()).unflatten(1, (hkv, hq // hkv)).amax(dim=2)
     kmin, kmax = torch.aminmax(k_hnd, dim=-2)
-    ak = torch.maximum(kmax.float() - mean, mean - kmin.float())
-    ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
-    return torch.where(ok, torch.sqrt(ak / torch.where(ok, aq, torch.ones_like(aq))), torch.ones_like(aq)).contiguous()
+    s = torch.empty((b, hkv, d), dtype=torch.float32, device=q_hnd.device)
+    _channel_factors[(b * hkv,)](qmin.contiguous(), qmax.contiguous(), kmin.contiguous(), kmax.contiguous(),
+                                 mean.contiguous(), s, hq // hkv, d, BLOCK_D=max(16, triton.next_power_of_2(d)))
+    return s
 
 
 def quant_v_fp8(v_hnd: torch.Tensor):
