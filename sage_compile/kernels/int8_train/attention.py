@@ -311,6 +311,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     """Same contract as :func:`sage_compile.reference.int8_train.forward` (inputs from ``quantize``):
     ``(O (B, Hq, Nq, D) in layout / out_dtype, LSE fp32 (B, Hq, Nq))``. ``config`` (``BLOCK_M``,
     ``num_warps``, ``num_stages``) bypasses autotuning."""
+    q8, qs, k8, ks, v8, vs = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs))  # the index math assumes it
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
@@ -346,6 +347,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     bypasses autotuning."""
     if psi not in ("tile", "split"):
         raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
+    q8, qs, k8, ks, v8, vs, o, lse, do = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs, o, lse, do))
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
