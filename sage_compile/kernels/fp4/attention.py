@@ -8,6 +8,12 @@ Per 128-key tile: S = ΔS + deq(Q)·deq(K)ᵀ; online softmax with the running r
 (level 1); per 16-key group s_P = max P̃ / 6 rounded to E4M3, P̂ = E2M1(P̃ / s) (level 2; dividing by the
 unrounded s as upstream, or by the rounded one with ``p_scale="rounded"``); P̂·s_P times deq(V) added to
 an fp32 accumulator. Reference: :mod:`sage_compile.reference.fp4` (same tiling, BLOCK_N = 128).
+
+Blackwell (sm_100 / sm_120, ``NATIVE``): both matmuls go to ``tl.dot_scaled`` on the packed E2M1 operands
+with their E4M3 scales (P packed in registers), the same products and accumulation.
+**Untested**: no Blackwell GPU here; the path is chosen by capability (:data:`NATIVE_FP4`) and only
+compile-checked for sm_100 (tests/test_kernel_fp4_interpret.py). Triton 3.6 cannot build NVFP4
+``dot_scaled`` for sm_90 (numerics.md §7.4), hence the manual dequantization there.
 """
 from __future__ import annotations
 
@@ -18,24 +24,50 @@ import torch
 import triton
 import triton.language as tl
 
-from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_value, output_and_mask, round_e2m1, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_code, e2m1_value, output_and_mask, round_e2m1, to_e4m3
 
 LOG2E = 1.4426950408889634
 P_OFF = math.log2(448.0 * 6.0)
 BLOCK_N = 128
 
 
+def _native_fp4() -> bool:
+    """Blackwell block-scaled FP4 MMA through ``tl.dot_scaled`` (sm_100 / sm_120; untested here)."""
+    if EMULATE_FP8 or not torch.cuda.is_available() or not hasattr(tl, "dot_scaled"):
+        return False
+    return torch.cuda.get_device_capability()[0] in (10, 12)
+
+
+NATIVE_FP4 = _native_fp4()
+
+
 @triton.jit
-def _deq(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
-    """Dequantize an (R, C) NVFP4 tile: packed bytes P[rows, col0 : col0 + C/2], scales S[rows, col0/8 ...]."""
+def _packed(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
+    """An (R, C) NVFP4 tile as stored: packed bytes P[rows, col0 : col0 + C/2] (uint8, two E2M1 codes,
+    first in the low nibble) and its E4M3 scales S[rows, col0/8 ...] (R, C/16); zeros outside."""
     cols_p = col0 + tl.arange(0, C // 2)
     pk = tl.load(P + rows[:, None] * sp + cols_p[None, :], mask=(rows[:, None] < NROWS) & (cols_p[None, :] < NCOLS_P),
-                 other=0).to(tl.int32)
-    vals = tl.reshape(tl.join(e2m1_value(pk & 15), e2m1_value(pk >> 4)), (R, C))
+                 other=0)
     cs = col0 // 8 + tl.arange(0, C // 16)
     sc = tl.load(S + rows[:, None] * ss + cs[None, :], mask=(rows[:, None] < NROWS) & (cs[None, :] < NCOLS_P // 8),
-                 other=0.0).to(tl.float32)
-    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc[:, :, None], (R, C))
+                 other=0.0)
+    return pk, sc
+
+
+@triton.jit
+def _deq(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
+    """Dequantize an (R, C) NVFP4 tile (:func:`_packed`) to fp32."""
+    pk, sc = _packed(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R, C)
+    pk = pk.to(tl.int32)
+    vals = tl.reshape(tl.join(e2m1_value(pk & 15), e2m1_value(pk >> 4)), (R, C))
+    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc.to(tl.float32)[:, :, None], (R, C))
+
+
+@triton.jit
+def _pack_e2m1(r, R: tl.constexpr, C: tl.constexpr):
+    """Exact E2M1 values (R, C) fp32 -> (R, C/2) uint8, pairs along C, first in the low nibble."""
+    lo, hi = tl.split(tl.reshape(e2m1_code(r), (R, C // 2, 2)))
+    return (lo | (hi << 4)).to(tl.uint8)
 
 
 @triton.jit
@@ -55,7 +87,7 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
               smb, smh, smq, smk, sob, soh, son,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, P_ROUNDED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_OFF: tl.constexpr,
-              EMULATE: tl.constexpr):
+              EMULATE: tl.constexpr, NATIVE: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -63,8 +95,12 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
     bhk = b * (H // GROUP) + h // GROUP
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    q = _mma_in(_deq(QP + bh * LQ * (DP // 2), QS + bh * LQ * (DP // 16), offs_m, 0, LQ, DP // 2, DP // 2,
-                     DP // 16, BLOCK_M, BLOCK_D), EMULATE)
+    if NATIVE:
+        q_pk, q_sc = _packed(QP + bh * LQ * (DP // 2), QS + bh * LQ * (DP // 16), offs_m, 0, LQ, DP // 2, DP // 2,
+                             DP // 16, BLOCK_M, BLOCK_D)
+    else:
+        q = _mma_in(_deq(QP + bh * LQ * (DP // 2), QS + bh * LQ * (DP // 16), offs_m, 0, LQ, DP // 2, DP // 2,
+                         DP // 16, BLOCK_M, BLOCK_D), EMULATE)
     KP = KP + bhk * LK * (DP // 2)
     KS = KS + bhk * LK * (DP // 16)
     VP = VP + bhk * DP * (NK16 // 2)
@@ -83,10 +119,14 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
         hi = tl.minimum(LK, tl.maximum(0, m0 + BLOCK_M + off))
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _mma_in(_deq(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D), EMULATE)
         ds = tl.load(DS + (offs_m // 128)[:, None] * LK + offs_n[None, :],
                      mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
-        z = (ds + tl.dot(q, tl.trans(k))) * c
+        if NATIVE:  # block-scaled FP4 MMA (untested: Blackwell)
+            k_pk, k_sc = _packed(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D)
+            z = (ds + tl.dot_scaled(q_pk, q_sc, "e2m1", tl.trans(k_pk), k_sc, "e2m1")) * c
+        else:
+            k = _mma_in(_deq(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D), EMULATE)
+            z = (ds + tl.dot(q, tl.trans(k))) * c
         keep = (offs_n[None, :] < LK) & (offs_m[:, None] >= 0)
         if CAUSAL == 1:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
@@ -116,9 +156,15 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
             div = sp
         y = tl.math.div_rn(pg, tl.broadcast_to(tl.where(div > 0, div, 1.0)[:, :, None], pg.shape))
         y = tl.where(div[:, :, None] > 0, y, 0.0)
-        pq = _mma_in(tl.reshape(round_e2m1(y, EMULATE) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
-        v = _mma_in(_deq(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N), EMULATE)
-        acc = acc * alpha[:, None] + tl.dot(pq, tl.trans(v))
+        if NATIVE:  # P packed in registers, V as stored (packed along tokens): block-scaled FP4 MMA
+            p_pk = _pack_e2m1(tl.reshape(round_e2m1(y, EMULATE), (BLOCK_M, BLOCK_N)), BLOCK_M, BLOCK_N)
+            v_pk, v_sc = _packed(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N)
+            pv = tl.dot_scaled(p_pk, to_e4m3(tl.minimum(sp, 448.0), EMULATE), "e2m1", tl.trans(v_pk), v_sc, "e2m1")
+        else:
+            pq = _mma_in(tl.reshape(round_e2m1(y, EMULATE) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
+            v = _mma_in(_deq(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N), EMULATE)
+            pv = tl.dot(pq, tl.trans(v))
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_safe[:, None])
@@ -136,8 +182,10 @@ _fwd = triton.autotune(configs=_configs(), key=["DP", "CAUSAL", "MASK_KIND", "P_
 
 def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
               scale: Optional[float], layout: str, out_dtype: torch.dtype, head_dim: int,
-              p_scale: str = "unrounded", config: Optional[dict] = None) -> torch.Tensor:
-    """Same contract as :func:`sage_compile.reference.fp4.attention` (inputs from ``quantize``)."""
+              p_scale: str = "unrounded", config: Optional[dict] = None,
+              native: Optional[bool] = None) -> torch.Tensor:
+    """Same contract as :func:`sage_compile.reference.fp4.attention` (inputs from ``quantize``).
+    ``native``: force the ``tl.dot_scaled`` path on or off (default :data:`NATIVE_FP4`)."""
     b, hq, lq, dp2 = qp.shape
     hkv, lk = kp.shape[1], kp.shape[2]
     dp, nk16 = 2 * dp2, 2 * vp.shape[-1]
@@ -149,7 +197,7 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     args = (qp, qsc, kp, ksc, vp, vsc, ds, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
             *ms, sob, soh, son)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
-                BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8)
+                BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8, NATIVE=NATIVE_FP4 if native is None else native)
     if config is not None:
         bm = config["BLOCK_M"]
         _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
