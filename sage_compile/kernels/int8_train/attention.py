@@ -10,7 +10,8 @@ dV += ψ(P)ᵀ·ψ(dO), dK += ψ(dS)ᵀ·Q̂ (INT8, int32); ``_bwd_dq`` per 128-
 rowsum(ψ(dS))·μ_K (the K-smoothing correction). dP = dO·Vᵀ in 16-bit with fp32 accumulation, V̂
 dequantized to the 16-bit type as the reference does; dS = P∘(dP − rowsum(dO∘O)). ψ: one INT8 scale per
 (128 queries x 64 keys) tile of P and dS and per (128 x D) tile of dO, tiles aligned at 0 as in the
-reference, so kernels and reference quantize the same sets. Masks: causal (top_left / bottom_right) from
+reference, so kernels and reference quantize the same sets; with ``psi="split"`` one scale per key (over
+the 128-query block) for P and dS in dV / dK, and per query row (over the 64-key tile) for dS in dQ. Masks: causal (top_left / bottom_right) from
 indices, bool / additive masks read in-kernel; a head-shared bool mask that is exactly causal (or all
 true) is recognised first and run as the causal (or unmasked) kernel.
 """
