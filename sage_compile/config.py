@@ -24,7 +24,10 @@ class Options:
         0.98805 vs 0.98802, gaussian 0.98193 vs 0.98179, benchmarks/results/ablation_fp4.json) or
         ``unrounded`` (SageAttention3: divide by the fp32 scale). fp4_delta_s: ``fp32`` or ``input``
         (upstream rounds ΔS to bf16/fp16; no measurable difference, fp32 costs nothing).
-        fp4_smooth: ``qk`` | ``k`` | ``none``.
+        fp4_smooth: ``qk`` | ``k`` | ``none``. fp4_q_block: query rows per Q-smoothing mean (16 | 32 | 64 |
+        128; SageAttention3 uses 128): 16 takes SmolLM2's mean cos over its 30 layers from 0.9880 to 0.9901
+        (the only setting past issue 4's 0.99; gaussian 0.9818 -> 0.9823, outlier 0.935 -> 0.940,
+        benchmarks/results/ablation_fp4.json) for a ΔS of Nq·Nk/16 fp32 per head (N=16K: 64 MB per head).
     int8_channel_rescale: balance Q/K channel ranges before INT8 quantization (``int8_fp8``), on by
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
@@ -46,6 +49,7 @@ class Options:
     fp4_p_scale: str = "rounded"
     fp4_delta_s: str = "fp32"
     fp4_smooth: str = "qk"
+    fp4_q_block: int = 16
     int8_channel_rescale: bool = True
     int8_train_psi: str = "tile"
     switchable: bool = False

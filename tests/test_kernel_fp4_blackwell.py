@@ -24,7 +24,7 @@ _COMPILE = textwrap.dedent('''
            "DS": "*fp32", "MASK": "*fp32", "OUT": "*bf16", "c": "fp32"}
     ints = ["H", "GROUP", "LQ", "LK", "DP", "DV", "NK16", "NBLK", "smb", "smh", "smq", "smk", "sob", "soh", "son"]
     const = dict(CAUSAL=1, MASK_KIND=0, P_ROUNDED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_D=128, P_OFF=KA.P_OFF,
-                 EMULATE=False, NATIVE=True)
+                 EMULATE=False, QB=16, NATIVE=True)
     sig = dict(ptr, **{k: "i32" for k in ints}, **{k: "constexpr" for k in const})
     src = ASTSource(fn=KA._fwd_body, signature=sig, constexprs=const)
     ptx = triton.compile(src, target=GPUTarget("cuda", 100, 32)).asm["ptx"]

@@ -45,11 +45,12 @@ def test_prologue_bit_identical(d, lk):
 
 
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-@pytest.mark.parametrize("p_scale", ["unrounded", "rounded"])
-def test_core_matches_reference(causal, p_scale):
+@pytest.mark.parametrize("p_scale,q_block", [("unrounded", 128), ("rounded", 128), ("rounded", 16)])
+def test_core_matches_reference(causal, p_scale, q_block):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 4 if i == 0 else 2, 150 if i == 0 else 200, 64, generator=g).bfloat16() for i in range(3))
-    qt = R.quantize(q, k, v)
+    qt = R.quantize(q, k, v, q_block=q_block)
+    assert qt[6].shape[2] == -(-150 // q_block)
     out = KA.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale, config=dict(BLOCK_M=64))
     ref = R.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale)
     assert torch.isfinite(out).all()

@@ -200,6 +200,21 @@ def test_sagebwd_ablation_defaults_and_split_scales(rng):
         T.gradients_ablation(q, k, v, do, psi="rows")
 
 
+def test_fp4_q_block_option_is_the_ablation_row(rng):
+    """fp4's finer Q smoothing (the default 16-row blocks) is the ablation's q_block row exactly; the block
+    size is read back from ΔS's shape for any length; other sizes are refused."""
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 2, 200, 64, rng, hkv=1))
+    for qb in (16, 64):
+        qt = fp4.quantize(q, k, v, q_block=qb)
+        assert qt[6].shape[2] == -(-200 // qb)
+        got = fp4.attention(*qt, None, "none", None, "HND", torch.float32, 64)
+        assert torch.equal(got, fp4.attention_ablation(q, k, v, q_block=qb))
+    # (one block means the same ΔS row for every size)
+    assert all(fp4.q_block_of(n, -(-n // b)) == b for n in (17, 100, 150, 1000, 4322) for b in fp4.Q_BLOCKS if n > b)
+    with pytest.raises(ValueError, match="q_block"):
+        fp4.quantize(q, k, v, q_block=48)
+
+
 def test_fp4_ablation_switches(rng):
     """The ablation path is the fp4 reference with its defaults; MXFP4 and no smoothing are measurably
     worse on the outlier set (the paper's ordering)."""

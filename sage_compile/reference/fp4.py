@@ -63,12 +63,26 @@ def v_transposed(v: torch.Tensor, layout: str = "HND") -> torch.Tensor:
     return F.pad(vt, (0, (-vt.shape[-1]) % GROUP, 0, (-d) % GROUP))
 
 
+Q_BLOCKS = (16, 32, 64, 128)
+
+
+def q_block_of(lq: int, n_blocks: int) -> int:
+    """The Q-smoothing block size a ΔS with ``n_blocks`` rows was made with (one of :data:`Q_BLOCKS`):
+    for n_blocks = ceil(lq / b) >= 2, ceil(lq / n_blocks) lies in (b/2, b]; one block is the same for all."""
+    if n_blocks <= 1:
+        return BLOCK_M
+    return max(Q_BLOCKS[0], min(BLOCK_M, 1 << (-(-lq // n_blocks) - 1).bit_length()))
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth_mode: str = "qk"):
+             smooth_mode: str = "qk", q_block: int = BLOCK_M):
     """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,Dp,Nk16/2) u8,
-    vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/128),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
-    rounded up to 16. See :func:`smooth` for the options."""
-    qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode)
+    vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/q_block),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
+    rounded up to 16. See :func:`smooth` for the options; ``q_block`` in :data:`Q_BLOCKS` (ΔS takes
+    Nq·Nk·4/q_block bytes per head)."""
+    if q_block not in Q_BLOCKS:
+        raise ValueError(f"sage_compile: fp4 q_block must be one of {Q_BLOCKS}, got {q_block}")
+    qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode, q_block)
     qp, qsc = quant_nvfp4(qsm)
     kp, ksc = quant_nvfp4(ksm)
     vp, vsc = quant_nvfp4(v_transposed(v, layout))
@@ -97,7 +111,7 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     qf = dequant_nvfp4(qp, qsc)
     kf = engine.gqa_expand(dequant_nvfp4(kp, ksc), hq)
     vf = engine.gqa_expand(dequant_nvfp4(vp, vsc), hq)[..., :head_dim, :lk]  # (B,Hq,D,Nk)
-    dsx = ds.repeat_interleave(BLOCK_M, dim=2)[:, :, :lq]
+    dsx = ds.repeat_interleave(q_block_of(lq, ds.shape[2]), dim=2)[:, :, :lq]
 
     def logits(i0, i1, j0, j1):
         s = dsx[:, :, i0:i1, j0:j1] + qf[:, :, i0:i1] @ kf[:, :, j0:j1].transpose(-1, -2)

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...reference.fp4 import q_block_of
 from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_code, e2m1_value, output_and_mask, round_e2m1, to_e4m3
 
 LOG2E = 1.4426950408889634
@@ -87,7 +88,7 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
               smb, smh, smq, smk, sob, soh, son,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, P_ROUNDED: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, P_OFF: tl.constexpr,
-              EMULATE: tl.constexpr, NATIVE: tl.constexpr = False):
+              EMULATE: tl.constexpr, QB: tl.constexpr = 128, NATIVE: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -119,7 +120,7 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
         hi = tl.minimum(LK, tl.maximum(0, m0 + BLOCK_M + off))
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        ds = tl.load(DS + (offs_m // 128)[:, None] * LK + offs_n[None, :],
+        ds = tl.load(DS + (offs_m // QB)[:, None] * LK + offs_n[None, :],
                      mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
         if NATIVE:  # block-scaled FP4 MMA (untested: Blackwell)
             k_pk, k_sc = _packed(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D)
@@ -177,7 +178,7 @@ def _configs():
             for bm, w, s in ((128, 8, 2), (128, 8, 3), (64, 4, 2), (64, 4, 3))]
 
 
-_fwd = triton.autotune(configs=_configs(), key=["DP", "CAUSAL", "MASK_KIND", "P_ROUNDED"])(_fwd_body)
+_fwd = triton.autotune(configs=_configs(), key=["DP", "CAUSAL", "MASK_KIND", "P_ROUNDED", "QB"])(_fwd_body)
 
 
 def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
@@ -197,7 +198,8 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     args = (qp, qsc, kp, ksc, vp, vsc, ds, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
             *ms, sob, soh, son)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
-                BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8, NATIVE=NATIVE_FP4 if native is None else native)
+                BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8, QB=q_block_of(lq, ds.shape[2]),
+                NATIVE=NATIVE_FP4 if native is None else native)
     if config is not None:
         bm = config["BLOCK_M"]
         _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),

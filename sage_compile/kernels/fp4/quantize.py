@@ -62,9 +62,11 @@ def quant_nvfp4(x: torch.Tensor):
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth_mode: str = "qk"):
+             smooth_mode: str = "qk", q_block: int = _ref.BLOCK_M):
     """Same contract and bits as :func:`sage_compile.reference.fp4.quantize`."""
-    qsm, ksm, ds = _ref.smooth(q, k, layout, delta_s, smooth_mode)
+    if q_block not in _ref.Q_BLOCKS:
+        raise ValueError(f"sage_compile: fp4 q_block must be one of {_ref.Q_BLOCKS}, got {q_block}")
+    qsm, ksm, ds = _ref.smooth(q, k, layout, delta_s, smooth_mode, q_block)
     qp, qsc = quant_nvfp4(qsm)
     kp, ksc = quant_nvfp4(ksm)
     vp, vsc = quant_nvfp4(_ref.v_transposed(v, layout))
