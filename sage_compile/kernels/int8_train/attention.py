@@ -79,17 +79,26 @@ def _mm16(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
-                HQ, GROUP, LQ, LK, D, NQB, NKB,
-                CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+def _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's BLOCK_M queries of one (batch, query head): ``(q̂ tile, bh, b, h, bhk (its kv head),
+    query offsets, channel offsets, in-bounds query mask)``."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     bhk = b * (HQ // GROUP) + h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
-    min_ = offs_m < LQ
-    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=min_[:, None] & (rd[None, :] < D), other=0)
+    qin = offs_m < LQ
+    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=qin[:, None] & (rd[None, :] < D), other=0)
+    return q, bh, b, h, bhk, offs_m, rd, qin
+
+
+@triton.jit
+def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
+                HQ, GROUP, LQ, LK, D, NQB, NKB,
+                CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    q, bh, b, h, bhk, offs_m, rd, min_ = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
     coff = LK - LQ if CAUSAL == 2 else 0
     hi = LK
@@ -219,14 +228,9 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, s
             smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D, NQB, NKB,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EMULATE: tl.constexpr):
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // HQ, bh % HQ
-    bhk = b * (HQ // GROUP) + h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rd = tl.arange(0, BLOCK_D)
-    qin = offs_m < LQ
+    q, bh, b, h, bhk, offs_m, rd, qin = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    pid_m = tl.program_id(0)
     inb = qin[:, None] & (rd[None, :] < D)
-    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
     qsc = tl.load(QS + bh * NQB + pid_m) * c
     lse = tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf"))
     delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
