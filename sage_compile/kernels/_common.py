@@ -76,10 +76,20 @@ def output_and_mask(b, hq, lq, lk, d_out, layout, out_dtype, attn_mask, device, 
     MASK_KIND 0 none (``dummy`` stands in), 1 bool (read as uint8), 2 additive; the mask is expanded to
     ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
     out = torch.empty(out_shape(b, hq, lq, d_out, layout), dtype=out_dtype, device=device)
-    so = out.stride()
-    strides = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
+    return (out, bhn_strides(out, layout), *mask_view(attn_mask, b, hq, lq, lk, dummy))
+
+
+def bhn_strides(t, layout):
+    """(batch, head, token) strides of a (B, H, N, D) tensor stored in ``layout``."""
+    s = t.stride()
+    return (s[0], s[1], s[2]) if layout == "HND" else (s[0], s[2], s[1])
+
+
+def mask_view(attn_mask, b, hq, lq, lk, dummy):
+    """``(mask, MASK_KIND, strides)`` for a kernel launch: 0 none (``dummy`` stands in), 1 bool (read as
+    uint8), 2 additive; expanded to ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
     if attn_mask is None:
-        return out, strides, dummy, 0, (0, 0, 0, 0)
+        return dummy, 0, (0, 0, 0, 0)
     kind = 1 if attn_mask.dtype == torch.bool else 2
     mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
-    return out, strides, mask, kind, mask.stride()
+    return mask, kind, mask.stride()

@@ -30,6 +30,16 @@ def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
+def int8_values(x, scale, EMULATE: tl.constexpr):
+    """RNE(x / scale) clamped to ±127 as int8 (IEEE division; 0 where the scale is 0; NaN -> 0, the NaN
+    stays in the scale). ``scale`` broadcast to x's shape."""
+    y = tl.math.div_rn(x, tl.where(scale == 0.0, 1.0, scale))
+    y = tl.where(scale == 0.0, 0.0, y)
+    y = tl.minimum(tl.maximum(rne(y, EMULATE), -127.0), 127.0)
+    return tl.where(y != y, 0.0, y).to(tl.int8)
+
+
+@triton.jit
 def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
                      HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      EMULATE: tl.constexpr):
@@ -47,15 +57,9 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
             x = tl.math.div_rn(x, tl.broadcast_to(ch[None, :], x.shape))
     amax = tl.max(tl.abs(x), axis=1)
     nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    scale = tl.where(nan, float("nan"), scale)
-    safe = tl.where(scale == 0.0, 1.0, scale)
-    y = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], x.shape))
-    y = tl.where(scale[:, None] == 0.0, 0.0, y)
-    y = rne(y, EMULATE)
-    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-    y = tl.where(y != y, 0.0, y)
-    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y.to(tl.int8), mask=inb)
+    scale = tl.where(nan, float("nan"), tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)))
+    y = int8_values(x, tl.broadcast_to(scale[:, None], x.shape), EMULATE)
+    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
     tl.store(S + bh * N + rn, scale, mask=rn < N)
 
 

@@ -11,9 +11,10 @@ rowsum(ψ(dS))·μ_K (the K-smoothing correction). dP = dO·Vᵀ in 16-bit with 
 dequantized to the 16-bit type as the reference does; dS = P∘(dP − rowsum(dO∘O)). ψ: one INT8 scale per
 (128 queries x 64 keys) tile of P and dS and per (128 x D) tile of dO, tiles aligned at 0 as in the
 reference, so kernels and reference quantize the same sets; with ``psi="split"`` one scale per key (over
-the 128-query block) for P and dS in dV / dK, and per query row (over the 64-key tile) for dS in dQ. Masks: causal (top_left / bottom_right) from
-indices, bool / additive masks read in-kernel; a head-shared bool mask that is exactly causal (or all
-true) is recognised first and run as the causal (or unmasked) kernel.
+the 128-query block) for P and dS in dV / dK, and per query row (over the 64-key tile) for dS in dQ.
+Masks: causal (top_left / bottom_right) from indices, bool / additive masks read in-kernel; a head-shared
+bool mask that is exactly causal (or all true) is recognised first and run as the causal (or unmasked)
+kernel.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
-from .._common import CAUSAL_CODES, EMULATE_FP8, rne
+from ...reference.layout import out_shape
+from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
 from .quantize import BLOCK_KV, BLOCK_Q
 
 LOG2E = 1.4426950408889634
@@ -291,10 +293,7 @@ _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dq)
 def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
     """(mask view (B, Hq, Lq, Lk) or dummy, MASK_KIND, strides, causal). A head-shared bool mask that is
     exactly causal (bottom-right) or all true is dropped for the index rule (one scan, one host sync)."""
-    if attn_mask is None:
-        return dummy, 0, (0, 0, 0, 0), causal
-    kind = 1 if attn_mask.dtype == torch.bool else 2
-    mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
+    mask, kind, strides = mask_view(attn_mask, b, hq, lq, lk, dummy)
     if kind == 1 and causal == "none" and mask.stride(1) == 0 and lq > 0 and lk > 0:
         from ..int8_fp8.attention import mask_structure
 
@@ -303,7 +302,7 @@ def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
         f = int(flag.item())
         if full and f in (1, 2):
             return dummy, 0, (0, 0, 0, 0), "bottom_right" if f == 1 else "none"
-    return mask, kind, mask.stride(), causal
+    return mask, kind, strides, causal
 
 
 def _check(d):
@@ -320,11 +319,8 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
-    from ...reference.layout import out_shape
-
     out = torch.empty(out_shape(b, hq, lq, d, layout), dtype=out_dtype, device=q8.device)
-    so = out.stride()
-    sob, soh, son = (so[0], so[1], so[2]) if layout == "HND" else (so[0], so[2], so[1])
+    sob, soh, son = bhn_strides(out, layout)
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q8.device)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
@@ -362,20 +358,17 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     bd = max(16, triton.next_power_of_2(d))
     nqb, nkb = qs.shape[-1], ks.shape[-1]
     dq = torch.empty(o.shape, dtype=in_dtype, device=dev)
-    dk = torch.empty(out_shape_kv(b, hkv, lk, d, layout), dtype=in_dtype, device=dev)
+    dk = torch.empty(out_shape(b, hkv, lk, d, layout), dtype=in_dtype, device=dev)
     dv = torch.empty_like(dk)
     if lq == 0 or lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-
-    def bhn(t):
-        s = t.stride()
-        return (s[0], s[1], s[2]) if layout == "HND" else (s[0], s[2], s[1])
 
     delta = torch.empty((b, hq, lq), dtype=torch.float32, device=dev)
     do16 = torch.empty((b, hq, lq, d), dtype=_DT16[in_dtype], device=dev)
     do8t = torch.empty((b, hq, d, lq), dtype=torch.int8, device=dev)
     sdo = torch.empty((b, hq, nqb), dtype=torch.float32, device=dev)
-    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8t, sdo, *bhn(o), *bhn(do), hq, lq, d, nqb,
+    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8t, sdo, *bhn_strides(o, layout), *bhn_strides(do, layout),
+                            hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
@@ -384,8 +377,10 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
     q8t, k8t = q8.transpose(2, 3).contiguous(), k8.transpose(2, 3).contiguous()
-    dkdv_args = (q8, q8t, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms, *bhn(dk), *common)
-    dq_args = (q8, qs, k8, k8t, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms, *bhn(dq), *common)
+    dkdv_args = (q8, q8t, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
+                 *bhn_strides(dk, layout), *common)
+    dq_args = (q8, qs, k8, k8t, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
+               *bhn_strides(dq, layout), *common)
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
         _bwd_dkdv[(nkb, b * hkv)](*dkdv_args, **meta, **cfg)
@@ -394,7 +389,3 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
         _dkdv_tuned[(nkb, b * hkv)](*dkdv_args, **meta)
         _dq_tuned[(nqb, b * hq)](*dq_args, **meta)
     return dq, dk, dv
-
-
-def out_shape_kv(b, h, n, d, layout):
-    return (b, h, n, d) if layout == "HND" else (b, n, h, d)

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, rne
-from ..int8_fp8.quantize import _token_tile, k_mean
+from .._common import EMULATE_FP8
+from ..int8_fp8.quantize import _token_tile, int8_values, k_mean
 
 BLOCK_Q, BLOCK_KV = 128, 64
 
@@ -28,15 +28,9 @@ def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
         x = tl.where(inb, x - mu[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
-    scale = tl.math.div_rn(amax, 127.0)
-    scale = tl.where(nan, float("nan"), scale)
-    safe = tl.where(scale == 0.0, 1.0, scale)
-    y = tl.math.div_rn(x, tl.full(x.shape, 1.0, tl.float32) * safe)
-    y = tl.where(scale == 0.0, 0.0, y)
-    y = rne(y, EMULATE)
-    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-    y = tl.where(y != y, 0.0, y)
-    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y.to(tl.int8), mask=inb)
+    scale = tl.where(nan, float("nan"), tl.math.div_rn(amax, 127.0))
+    y = int8_values(x, tl.full(x.shape, 1.0, tl.float32) * scale, EMULATE)
+    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
     tl.store(S + bh * NBLK + tl.program_id(0), scale)
 
 
