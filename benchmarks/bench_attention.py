@@ -103,8 +103,26 @@ def peers(hd, causal, with_flex=False):
     return out, notes
 
 
+class _core:
+    """Pin the int8_fp8 core (``SAGE_COMPILE_INT8_FP8_CORE``) around one call."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.old = os.environ.get("SAGE_COMPILE_INT8_FP8_CORE")
+        os.environ["SAGE_COMPILE_INT8_FP8_CORE"] = self.name
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("SAGE_COMPILE_INT8_FP8_CORE", None)
+        else:
+            os.environ["SAGE_COMPILE_INT8_FP8_CORE"] = self.old
+
+
 def ours(causal, schemes=("int8_fp8", "fp4")):
-    """Our kernels, kernel-only (inputs already quantized) and with the prologue."""
+    """Our kernels, kernel-only (inputs already quantized) and with the prologue; int8_fp8 with the
+    Triton core (variants without a suffix) and the CUDA sm90 core (``_cuda``) where it builds."""
     import importlib
 
     c = "top_left" if causal else "none"
@@ -113,19 +131,41 @@ def ours(causal, schemes=("int8_fp8", "fp4")):
         KQ = importlib.import_module(f"sage_compile.kernels.{scheme}.quantize")
         KA = importlib.import_module(f"sage_compile.kernels.{scheme}.attention")
         extra = (lambda q: (q.shape[-1],)) if scheme == "fp4" else (lambda q: ())
-        out[f"sage_{scheme}:kernel_only"] = (
-            (lambda q, k, v, KQ=KQ, extra=extra: (KQ.quantize(q, k, v), extra(q))),
-            lambda s, KA=KA: KA.attention(*s[0], None, c, None, "HND", torch.bfloat16, *s[1]))
-        out[f"sage_{scheme}:with_prologue"] = (
-            (lambda q, k, v: (q, k, v)),
-            lambda s, KQ=KQ, KA=KA, extra=extra: KA.attention(*KQ.quantize(*s), None, c, None, "HND",
-                                                               torch.bfloat16, *extra(s[0])))
-        if scheme == "int8_fp8":  # the Q/K channel balancing option (Options.int8_channel_rescale)
-            out[f"sage_{scheme}:with_prologue_rescale"] = (
+        cores = [("", "triton")]
+        if scheme == "int8_fp8":
+            from sage_compile.kernels.int8_fp8 import cuda
+
+            if cuda.load() is not None:
+                cores.append(("_cuda", "cuda"))
+            else:
+                print("note: CUDA int8_fp8 core:", cuda.status()["error"], flush=True)
+        for suffix, core in cores:
+            out[f"sage_{scheme}:kernel_only{suffix}"] = (
+                (lambda q, k, v, KQ=KQ, extra=extra: (KQ.quantize(q, k, v), extra(q))),
+                lambda s, KA=KA, core=core: _run(core, lambda: KA.attention(*s[0], None, c, None, "HND",
+                                                                            torch.bfloat16, *s[1])))
+            if scheme != "int8_fp8":
+                out[f"sage_{scheme}:with_prologue{suffix}"] = (
+                    (lambda q, k, v: (q, k, v)),
+                    lambda s, KQ=KQ, KA=KA, extra=extra: KA.attention(*KQ.quantize(*s), None, c, None, "HND",
+                                                                       torch.bfloat16, *extra(s[0])))
+                continue
+            out[f"sage_{scheme}:with_prologue{suffix}"] = (  # without channel balancing
                 (lambda q, k, v: (q, k, v)),
-                lambda s, KQ=KQ, KA=KA: KA.attention(*KQ.quantize(*s, "HND", True), None, c, None, "HND",
-                                                     torch.bfloat16))
+                lambda s, KQ=KQ, KA=KA, core=core: _run(core, lambda: KA.attention(*KQ.quantize(*s), None, c, None,
+                                                                                   "HND", torch.bfloat16)))
+            # the default prologue: Q/K channel balancing (Options.int8_channel_rescale)
+            out[f"sage_{scheme}:with_prologue_rescale{suffix}"] = (
+                (lambda q, k, v: (q, k, v)),
+                lambda s, KQ=KQ, KA=KA, core=core: _run(core, lambda: KA.attention(*KQ.quantize(*s, "HND", True),
+                                                                                   None, c, None, "HND",
+                                                                                   torch.bfloat16)))
     return out
+
+
+def _run(core, fn):
+    with _core(core):
+        return fn()
 
 
 def main():

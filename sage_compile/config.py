@@ -1,7 +1,10 @@
 """Configuration, read in one place. Precedence: explicit argument > context manager > environment > default.
 
 Environment (conventions.md): ``SAGE_COMPILE=1`` (global enable, handled by :mod:`sage_compile._autoload`),
-``SAGE_COMPILE_KERNEL=<scheme|auto>``, ``SAGE_COMPILE_DUMP=<dir>``, ``SAGE_COMPILE_STRICT=1``.
+``SAGE_COMPILE_KERNEL=<scheme|auto>``, ``SAGE_COMPILE_DUMP=<dir>``, ``SAGE_COMPILE_STRICT=1``,
+``SAGE_COMPILE_INT8_FP8_CORE=auto|triton|cuda`` (which implementation of the ``int8_fp8`` core runs on
+CUDA: an implementation choice with the same numerics, read at call time, not part of what a compiled
+graph depends on).
 """
 from __future__ import annotations
 
@@ -97,6 +100,20 @@ def _stack() -> list:
     if not hasattr(_local, "stack"):
         _local.stack = []
     return _local.stack
+
+
+INT8_FP8_CORES = ("auto", "triton", "cuda")
+
+
+def int8_fp8_core(environ=None) -> str:
+    """``SAGE_COMPILE_INT8_FP8_CORE``: ``auto`` (default: the CUDA sm90 core where it supports the call
+    and is measured faster on the shape, else Triton), ``triton``, or ``cuda`` (wherever it supports the
+    call). See :mod:`sage_compile.kernels.int8_fp8.cuda`."""
+    env = os.environ if environ is None else environ
+    v = env.get("SAGE_COMPILE_INT8_FP8_CORE", "auto").strip().lower() or "auto"
+    if v not in INT8_FP8_CORES:
+        raise ValueError(f"sage_compile: SAGE_COMPILE_INT8_FP8_CORE must be one of {INT8_FP8_CORES}, got {v!r}")
+    return v
 
 
 def from_env(environ=None) -> dict:

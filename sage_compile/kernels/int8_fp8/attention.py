@@ -11,6 +11,7 @@ Same tiling as the reference (BLOCK_N = 128), so the two agree to accumulation-o
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Optional
 
@@ -18,8 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ...config import int8_fp8_core
 from .._common import CAUSAL_CODES, EMULATE_FP8, output_and_mask, to_e4m3
+from . import cuda
 
+log = logging.getLogger("sage_compile")
 LOG2E = 1.4426950408889634
 LOG2_448 = math.log2(448.0)
 BLOCK_N = 128
@@ -207,11 +211,13 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
               detect_mask: bool = True) -> torch.Tensor:
     """Same contract as :func:`sage_compile.reference.int8_fp8.attention` (inputs from ``quantize``).
 
+    Calls without a mask, at head dim 64/128 with a bf16/fp16 output, may run the CUDA sm90 core
+    (:mod:`.cuda`, chosen by :func:`sage_compile.config.int8_fp8_core`); everything else runs here.
     A bool mask shared by the heads is checked on the device (:func:`mask_structure`): causal + key
     padding or key padding alone runs the causal / key-range path (skipped tiles, no mask reads);
     ``detect_mask=False`` forces reading the mask. ``config`` (``BLOCK_M``, ``BLOCK_N``, ``WS`` (warp
     specialisation), ``PV`` (0: max_num_imprecise_acc, 1: fresh accumulator), ``num_warps``,
-    ``num_stages``) bypasses autotuning (tests, interpreter, tuning)."""
+    ``num_stages``) bypasses autotuning and the CUDA core (tests, interpreter, tuning)."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     if d > 256:
@@ -229,11 +235,26 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     args = (q8, qs, k8, ks, v8, vs, mask, flag, krange, out, c, q8.stride(0), q8.stride(1), k8.stride(0),
             k8.stride(1), v8.stride(0), v8.stride(1), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8)
-    if config is not None:
-        bm = config["BLOCK_M"]
-        tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
-        tune.update({k: v for k, v in config.items() if k != "BLOCK_M"})
-        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, **tune)
-    else:
-        _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
-    return out
+
+    def run_triton():
+        if config is not None:
+            bm = config["BLOCK_M"]
+            tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
+            tune.update({k: v for k, v in config.items() if k != "BLOCK_M"})
+            _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, **tune)
+        else:
+            _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+        return out
+
+    core = int8_fp8_core()
+    if config is None and core != "triton" and not EMULATE_FP8:
+        why = cuda.unsupported(q8, k8, attn_mask, out_dtype)
+        if why is None:
+            def run_cuda():
+                return cuda.attention(q8, qs, k8, ks, v8, vs, causal, scale, out, (sob, soh, son))
+
+            if core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
+                return run_cuda()
+        elif core == "cuda":
+            log.debug("sage_compile: int8_fp8 call runs the Triton core: %s", why)
+    return run_triton()

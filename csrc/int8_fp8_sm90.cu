@@ -1,0 +1,554 @@
+// SageAttention2 core for Hopper (sm_90a): INT8 QK^T, FP8 E4M3 PV with two-level accumulation.
+//
+// Same numerics as the Triton kernel (sage_compile/kernels/int8_fp8/attention.py) and the reference
+// (sage_compile/reference/int8_fp8.py, shared/docs/numerics.md §2): per-token INT8 Q/K scales with
+// softmax scale * log2(e) folded into Q's, online softmax in the exp2 domain over 128-key tiles with the
+// running row max mapped to 448, P~ rounded to E4M3, PV product of each tile accumulated in a fresh
+// tensor-core accumulator and added to the fp32 output once per tile, row sums from unrounded fp32 P~,
+// O * delta_V / l at the end.
+//
+// Inputs are the prologue's tensors (HND): q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq) fp32, k8 (B, Hkv, Lk, D)
+// int8, ks (B, Hkv, Lk) fp32, v8 (B, Hkv, D, ldv) e4m3 (V transposed, ldv >= Lk a multiple of 16),
+// vs (B, Hkv, D) fp32. Output: any (b, h, token) strides, channel stride 1, bf16 or fp16.
+//
+// CTA: 128 query rows, 12 warps. Warps 0-7 are two consumer warpgroups (64 rows each, 240 registers
+// per thread through setmaxnreg); warps 8-11 are the producer warpgroup (24 registers): one lane issues the TMA loads (Q once, then K and V^T tiles into a STAGES-deep ring on
+// mbarriers). Each consumer warpgroup per 128-key tile: S = wgmma s8 (Q, K from shared memory, 128B or
+// 64B swizzle), dequantize + mask + online softmax in registers, P~ -> E4M3 packed straight into the
+// wgmma A-operand fragment (two quad shuffles + one byte permute per 16 keys: the accumulator holds keys
+// {2t, 2t+1, 8+2t, 9+2t} of each 16, the A fragment wants {4t..4t+3}), O_tile = wgmma e4m3 (P~ from
+// registers, V^T from shared memory), O = alpha * O + O_tile.
+//
+// Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
+// int8_fp8_sm90_bind.cpp.
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SAGE_SM90A 1
+#else
+#define SAGE_SM90A 0
+#endif
+
+namespace sage_sm90 {
+
+constexpr int kBM = 128;            // query rows per CTA
+constexpr int kBN = 128;            // keys per tile (the numerics' tile: P's scale follows the max per tile)
+constexpr int kConsumerWarps = 8;   // two warpgroups
+constexpr int kThreads = kConsumerWarps * 32 + 128;  // + the producer warpgroup (one lane issues TMA)
+constexpr float kPOff = 8.807354922057604f;  // log2(448)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ------------------------------------------------------------------------------------------ mbarrier
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ------------------------------------------------------------------------------------------ TMA
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------ wgmma
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// keeps the compiler from moving uses of wgmma registers across the asynchronous region
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile whose rows are SWZ bytes (128 or 64), loaded by TMA
+// with the matching swizzle: 8-row core-matrix groups SWZ * 8 bytes apart; the leading offset is unused.
+template <int SWZ>
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+  static_assert(SWZ == 128 || SWZ == 64, "swizzle");
+  uint64_t d = (static_cast<uint64_t>(smem_u32(p)) & 0x3FFFF) >> 4;
+  d |= static_cast<uint64_t>(1) << 16;
+  d |= static_cast<uint64_t>((8 * SWZ) >> 4) << 32;
+  d |= static_cast<uint64_t>(SWZ == 128 ? 1 : 2) << 62;
+  return d;
+}
+
+#define SAGE_R8(d, i)                                                                                      \
+  "+r"(d[i + 0]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]),           \
+      "+r"(d[i + 6]), "+r"(d[i + 7])
+#define SAGE_F8(d, i)                                                                                      \
+  "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),           \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// S (64 x 128, s32) (+)= A (64 x 32 s8, smem) * B (128 x 32 s8, smem)^T
+__device__ __forceinline__ void wgmma_s8_n128(uint32_t (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+#if SAGE_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p;\n"
+      "}\n"
+      : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24), SAGE_R8(d, 32), SAGE_R8(d, 40),
+        SAGE_R8(d, 48), SAGE_R8(d, 56)
+      : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+
+// O (64 x 128, f32) (+)= P (64 x 32 e4m3, registers) * V^T (128 x 32 e4m3, smem)^T
+__device__ __forceinline__ void wgmma_e4m3_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                                int accumulate) {
+#if SAGE_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24), SAGE_F8(d, 32), SAGE_F8(d, 40),
+        SAGE_F8(d, 48), SAGE_F8(d, 56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+#endif
+}
+
+// O (64 x 64, f32) (+)= P (64 x 32 e4m3, registers) * V^T (64 x 32 e4m3, smem)^T
+__device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t db,
+                                               int accumulate) {
+#if SAGE_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n"
+      "}\n"
+      : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+#endif
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t db, int acc) {
+  if constexpr (D == 128) {
+    wgmma_e4m3_n128(d, a, db, acc);
+  } else {
+    wgmma_e4m3_n64(d, a, db, acc);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ math
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// two fp32 (already in [0, 448]) -> E4M3 RNE (satfinite), lo in byte 0
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <typename OutT>
+__device__ __forceinline__ void store2(OutT* p, float a, float b);
+template <>
+__device__ __forceinline__ void store2<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+template <>
+__device__ __forceinline__ void store2<__half>(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+struct Params {
+  const float* qs;
+  const float* ks;
+  const float* vs;
+  void* out;
+  int hq, group, lq, lk;
+  float c;     // softmax scale * log2(e)
+  int coff;    // causal: key n visible from query m iff n <= m + coff
+  long long sob, soh, son;
+};
+
+template <int D, int STAGES>
+struct Layout {
+  static constexpr int kQBytes = kBM * D;
+  static constexpr int kKBytes = kBN * D;
+  static constexpr int kVBytes = D * kBN;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + STAGES * kKBytes;
+  static constexpr int kBar = kV + STAGES * kVBytes;
+  static constexpr int kBytes = kBar + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
+};
+
+// One 128-key tile for one consumer warpgroup. EDGE: the tile crosses the key end or the causal diagonal.
+template <int D, int STAGES, bool CAUSAL, bool EDGE>
+__device__ __forceinline__ void consume_tile(float (&o)[D / 2], float (&m_i)[2],
+                                             float (&l_i)[2], uint64_t dq, const uint8_t* sk, const uint8_t* sv,
+                                             uint64_t* k_full, uint64_t* v_full, uint64_t* empty, uint32_t parity,
+                                             const float* __restrict__ ks, int n0, int lk, int r0, int coff,
+                                             float qsc0, float qsc1, int t, int lane) {
+  // per-column K scales: keys n0 + 8i + 2t + {0, 1}
+  float ka[16], kb[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int col = n0 + 8 * i + 2 * t;
+    if (EDGE) {
+      ka[i] = col < lk ? __ldg(ks + col) : 0.f;
+      kb[i] = col + 1 < lk ? __ldg(ks + col + 1) : 0.f;
+    } else {
+      ka[i] = __ldg(ks + col);
+      kb[i] = __ldg(ks + col + 1);
+    }
+  }
+  uint32_t sacc[64];  // the first wgmma starts a fresh sum (scale-d 0): never read before it
+  mbar_wait(k_full, parity);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 32; ++kk) {
+    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, kk);
+  }
+  wg_commit();
+  wg_wait0();
+  reg_fence(sacc);
+
+  float z[64];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    z[4 * i + 0] = static_cast<float>(static_cast<int>(sacc[4 * i + 0])) * qsc0 * ka[i];
+    z[4 * i + 1] = static_cast<float>(static_cast<int>(sacc[4 * i + 1])) * qsc0 * kb[i];
+    z[4 * i + 2] = static_cast<float>(static_cast<int>(sacc[4 * i + 2])) * qsc1 * ka[i];
+    z[4 * i + 3] = static_cast<float>(static_cast<int>(sacc[4 * i + 3])) * qsc1 * kb[i];
+  }
+  if (EDGE) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + 8 * i + 2 * t + e;
+        bool k0 = col < lk, k1 = col < lk;
+        if (CAUSAL) {
+          k0 = k0 && (col <= r0 + coff);
+          k1 = k1 && (col <= r0 + 8 + coff);
+        }
+        if (!k0) z[4 * i + e] = -INFINITY;
+        if (!k1) z[4 * i + 2 + e] = -INFINITY;
+      }
+    }
+  }
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(z[4 * i + 0], z[4 * i + 1]));
+    mx1 = fmaxf(mx1, fmaxf(z[4 * i + 2], z[4 * i + 3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float mn0 = fmaxf(m_i[0], mx0), mn1 = fmaxf(m_i[1], mx1);
+  const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+  const float alpha0 = ex2(m_i[0] - mu0), alpha1 = ex2(m_i[1] - mu1);
+  const float off0 = mu0 - kPOff, off1 = mu1 - kPOff;  // row max -> 448
+  float ls0 = 0.f, ls1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    z[4 * i + 0] = ex2(z[4 * i + 0] - off0);
+    z[4 * i + 1] = ex2(z[4 * i + 1] - off0);
+    z[4 * i + 2] = ex2(z[4 * i + 2] - off1);
+    z[4 * i + 3] = ex2(z[4 * i + 3] - off1);
+    ls0 += z[4 * i + 0] + z[4 * i + 1];
+    ls1 += z[4 * i + 2] + z[4 * i + 3];
+  }
+  l_i[0] = l_i[0] * alpha0 + ls0;  // per-thread partial row sums (reduced over the quad at the end)
+  l_i[1] = l_i[1] * alpha1 + ls1;
+  m_i[0] = mn0;
+  m_i[1] = mn1;
+
+  // P~ -> E4M3 in the A-operand fragment: A register (kk, q) holds row g (+8 if q odd) keys
+  // 32kk + 16(q/2) + 4t + {0..3}; this thread has keys {2t, 2t+1, 8+2t, 9+2t} of each 16.
+  uint32_t pa[4][4];
+  const int src0 = (lane & ~3) | ((2 * t) & 3), src1 = (lane & ~3) | ((2 * t + 1) & 3);
+  const uint32_t sel = t < 2 ? 0x5410u : 0x7632u;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int i0 = 2 * c, i1 = 2 * c + 1;
+      const uint32_t x = e4m3x2(z[4 * i0 + 2 * rh], z[4 * i0 + 2 * rh + 1]) |
+                         (e4m3x2(z[4 * i1 + 2 * rh], z[4 * i1 + 2 * rh + 1]) << 16);
+      const uint32_t y0 = __shfl_sync(0xffffffffu, x, src0);
+      const uint32_t y1 = __shfl_sync(0xffffffffu, x, src1);
+      pa[c >> 1][(c & 1) * 2 + rh] = __byte_perm(y0, y1, sel);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[4 * i + 0] *= alpha0;
+    o[4 * i + 1] *= alpha0;
+    o[4 * i + 2] *= alpha1;
+    o[4 * i + 3] *= alpha1;
+  }
+
+  float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
+  mbar_wait(v_full, parity);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBN / 32; ++kk) {
+    wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv) + 2 * kk, kk);
+  }
+  wg_commit();
+  wg_wait0();
+  reg_fence(ot);
+  if (lane == 0) mbar_arrive(empty);  // this warp is done with the stage
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] += ot[i];
+}
+
+template <int D, int STAGES, bool CAUSAL, typename OutT>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_v, const Params p) {
+#if SAGE_SM90A
+  using L = Layout<D, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem + L::kQ;
+  uint8_t* sk = smem + L::kK;
+  uint8_t* sv = smem + L::kV;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + STAGES;
+  uint64_t* empty = bars + 1 + 2 * STAGES;
+
+  const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
+  const int bh = blockIdx.y;
+  const int b = bh / p.hq, h = bh % p.hq;
+  const int hkv = p.hq / p.group;
+  const int bhk = b * hkv + h / p.group;
+  const int m0 = m_blk * kBM;
+  int hi = p.lk;
+  if (CAUSAL) hi = min(p.lk, m0 + kBM + p.coff);
+  const int n_tiles = hi > 0 ? (hi + kBN - 1) / kBN : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {  // producer warpgroup: gives its registers to the consumers
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (warp == kConsumerWarps && lane == 0) {
+      tma_prefetch(&tm_q);
+      tma_prefetch(&tm_k);
+      tma_prefetch(&tm_v);
+      mbar_expect_tx(q_full, L::kQBytes);
+      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES;
+        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
+        mbar_expect_tx(&k_full[s], L::kKBytes);
+        tma_load_3d(sk + s * L::kKBytes, &tm_k, &k_full[s], 0, j * kBN, bhk);
+        mbar_expect_tx(&v_full[s], L::kVBytes);
+        tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
+  const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
+  const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
+  const float qsc0 = r0 < p.lq ? qs[r0] * p.c : 0.f;
+  const float qsc1 = r0 + 8 < p.lq ? qs[r0 + 8] * p.c : 0.f;
+  const float* ks = p.ks + static_cast<size_t>(bhk) * p.lk;
+  const int wg_first = m0 + wg * 64;
+
+  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  const uint64_t dq = smem_desc<D>(sq + wg * 64 * D);
+
+  mbar_wait(q_full, 0);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % STAGES;
+    const uint32_t parity = (j / STAGES) & 1;
+    const int n0 = j * kBN;
+    const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+    const uint8_t* skt = sk + s * L::kKBytes;
+    const uint8_t* svt = sv + s * L::kVBytes;
+    if (edge) {
+      consume_tile<D, STAGES, CAUSAL, true>(o, m_i, l_i, dq, skt, svt, &k_full[s], &v_full[s], &empty[s],
+                                            parity, ks, n0, p.lk, r0, p.coff, qsc0, qsc1, t, lane);
+    } else {
+      consume_tile<D, STAGES, CAUSAL, false>(o, m_i, l_i, dq, skt, svt, &k_full[s], &v_full[s], &empty[s],
+                                             parity, ks, n0, p.lk, r0, p.coff, qsc0, qsc1, t, lane);
+    }
+  }
+
+  // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)
+  float l0 = l_i[0], l1 = l_i[1];
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = l0 == 0.f ? 0.f : 1.f / l0, inv1 = l1 == 0.f ? 0.f : 1.f / l1;
+  const float* vs = p.vs + static_cast<size_t>(bhk) * D;
+  OutT* out = static_cast<OutT*>(p.out) + b * p.sob + h * p.soh;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const int col = 8 * i + 2 * t;
+    const float v0 = __ldg(vs + col), v1 = __ldg(vs + col + 1);
+    if (r0 < p.lq) store2<OutT>(out + r0 * p.son + col, o[4 * i + 0] * inv0 * v0, o[4 * i + 1] * inv0 * v1);
+    if (r0 + 8 < p.lq)
+      store2<OutT>(out + (r0 + 8) * p.son + col, o[4 * i + 2] * inv1 * v0, o[4 * i + 3] * inv1 * v1);
+  }
+#endif
+}
+
+// ------------------------------------------------------------------------------------------ host
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_fn() {
+  static EncodeTiled fn = nullptr;
+  if (!fn) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiled>(ptr);
+  }
+  return fn;
+}
+
+// 3-D uint8 tensor map (inner, middle, outer) with a (box0, box1, 1) box
+int make_map(CUtensorMap* map, const void* base, uint64_t d0, uint64_t d1, uint64_t d2, uint64_t stride1,
+             uint64_t stride2, uint32_t box0, uint32_t box1, CUtensorMapSwizzle swz) {
+  EncodeTiled fn = encode_fn();
+  if (!fn) return 10;
+  const cuuint64_t dims[3] = {d0, d1, d2};
+  const cuuint64_t strides[2] = {stride1, stride2};
+  const cuuint32_t box[3] = {box0, box1, 1};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, estr,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : 11;
+}
+
+template <int D, int STAGES, bool CAUSAL, typename OutT>
+int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const Params& p, int b,
+           cudaStream_t stream) {
+  using L = Layout<D, STAGES>;
+  auto kernel = fwd_kernel<D, STAGES, CAUSAL, OutT>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess)
+    return 12;
+  dim3 grid((p.lq + kBM - 1) / kBM, b * p.hq);
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(mq, mk, mv, p);
+  return cudaGetLastError() == cudaSuccess ? 0 : 13;
+}
+
+template <int D, typename OutT>
+int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const Params& p, int b,
+                    bool causal, cudaStream_t stream) {
+  constexpr int kStages = D == 128 ? 2 : 3;
+  return causal ? launch<D, kStages, true, OutT>(mq, mk, mv, p, b, stream)
+                : launch<D, kStages, false, OutT>(mq, mk, mv, p, b, stream);
+}
+
+}  // namespace sage_sm90
+
+// Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures (see the launcher).
+// Lengths in elements; ldv = V^T's row stride in elements (>= lk, a multiple of 16); out strides in elements.
+extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
+                                      const void* v8, const float* vs, void* out, int out_fp16, int b, int hq,
+                                      int hkv, int lq, int lk, int d, long long ldv, long long sob, long long soh,
+                                      long long son, float c, int causal, int coff, void* stream) {
+  using namespace sage_sm90;
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldv % 16 != 0 || ldv < lk ||
+      b * hq > 65535)
+    return 1;
+  const CUtensorMapSwizzle qk_swz = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  CUtensorMap mq, mk, mv;
+  int rc = make_map(&mq, q8, d, lq, static_cast<uint64_t>(b) * hq, d, static_cast<uint64_t>(lq) * d, d, kBM, qk_swz);
+  if (!rc) rc = make_map(&mk, k8, d, lk, static_cast<uint64_t>(b) * hkv, d, static_cast<uint64_t>(lk) * d, d, kBN, qk_swz);
+  if (!rc)
+    rc = make_map(&mv, v8, lk, d, static_cast<uint64_t>(b) * hkv, ldv, static_cast<uint64_t>(ldv) * d, kBN, d,
+                  CU_TENSOR_MAP_SWIZZLE_128B);
+  if (rc) return rc;
+  Params p{qs, ks, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (d == 128)
+    return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, p, b, causal, st)
+                    : dispatch_causal<128, __nv_bfloat16>(mq, mk, mv, p, b, causal, st);
+  return out_fp16 ? dispatch_causal<64, __half>(mq, mk, mv, p, b, causal, st)
+                  : dispatch_causal<64, __nv_bfloat16>(mq, mk, mv, p, b, causal, st);
+}

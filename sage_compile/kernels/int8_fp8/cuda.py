@@ -1,0 +1,154 @@
+"""The CUDA sm90 core of ``int8_fp8`` (``csrc/int8_fp8_sm90.cu``): built at first use, chosen per shape.
+
+The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` the first time a
+CUDA site needs it (``pip install`` stays pure Python; CPU machines never build it), cached by torch
+under a name that carries the hash of the sources and flags, so an edit rebuilds. If it cannot be built
+or loaded (no nvcc, not an sm90 GPU, a compile error) the Triton core serves and the reason is logged
+once and kept in :func:`status`.
+
+Which core runs (``SAGE_COMPILE_INT8_FP8_CORE``, :func:`sage_compile.config.int8_fp8_core`): ``triton``,
+``cuda`` (where it supports the call, else Triton), or ``auto`` (default): the CUDA core where it is
+supported and measured faster than the Triton core on that shape — both are timed once per shape bucket
+(head dim, causal, GQA ratio, powers of two of Lq, Lk and B·H) on the call's own inputs, and the winner
+is cached for the process. During CUDA-graph capture nothing is timed: an unmeasured shape takes the CUDA
+core. Same numerics in both: outputs agree to accumulation order (conventions.md rule 2).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import threading
+from importlib import resources
+from typing import Optional
+
+import torch
+
+log = logging.getLogger("sage_compile")
+
+SOURCES = ("int8_fp8_sm90.cu", "int8_fp8_sm90_bind.cpp")
+CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
+LOG2E = 1.4426950408889634
+
+_lock = threading.Lock()
+_state: dict = {"tried": False, "module": None, "error": None}
+_choice: dict = {}
+
+
+def source_paths() -> list[str]:
+    """Paths of the CUDA sources (installed as the ``sage_compile.csrc`` package data)."""
+    root = resources.files("sage_compile.csrc")
+    return [str(root / name) for name in SOURCES]
+
+
+def _build_name(paths) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    h.update(" ".join(CUDA_FLAGS).encode())
+    h.update(torch.__version__.encode())
+    return f"sage_int8_fp8_sm90_{h.hexdigest()[:12]}"
+
+
+def load():
+    """The built extension module, or None (the reason in :func:`status`). Builds once per process."""
+    with _lock:
+        if _state["tried"]:
+            return _state["module"]
+        _state["tried"] = True
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device")
+            cap = torch.cuda.get_device_capability()
+            if cap != (9, 0):
+                raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
+            from torch.utils import cpp_extension
+
+            paths = source_paths()
+            old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
+            try:
+                _state["module"] = cpp_extension.load(name=_build_name(paths), sources=paths,
+                                                      extra_cuda_cflags=list(CUDA_FLAGS), extra_cflags=["-O3"],
+                                                      verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
+            finally:
+                if old is None:
+                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+                else:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = old
+        except Exception as e:  # noqa: BLE001 - any failure means: the Triton core serves
+            _state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            log.warning("sage_compile: CUDA int8_fp8 core unavailable, using the Triton core (%s)", _state["error"])
+        return _state["module"]
+
+
+def status() -> dict:
+    """``{"built": bool, "error": str | None}`` after :func:`load` was tried (``built`` False before)."""
+    return {"built": _state["module"] is not None, "error": _state["error"]}
+
+
+def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype) -> Optional[str]:
+    """Why the CUDA core cannot run this call (None when it can). Builds the extension on first use."""
+    if not q8.is_cuda:
+        return "not a CUDA tensor"
+    if attn_mask is not None:
+        return "masks run on the Triton core"
+    if q8.shape[-1] not in (64, 128):
+        return f"head_dim {q8.shape[-1]} (the CUDA core has 64 and 128)"
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        return f"output dtype {out_dtype}"
+    if q8.shape[0] * q8.shape[1] > 65535 or q8.shape[2] == 0 or k8.shape[2] == 0:
+        return "grid size"
+    if load() is None:
+        return _state["error"]
+    return None
+
+
+def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: torch.Tensor,
+              out_strides: tuple) -> torch.Tensor:
+    """Run the CUDA core into ``out`` (values at ``out_strides`` = (batch, head, token) strides, channel
+    stride 1). Inputs as :func:`sage_compile.kernels.int8_fp8.quantize.quantize` returns them (HND);
+    ``causal`` in none / top_left / bottom_right."""
+    mod = load()
+    lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
+    c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
+    if lk % 16:  # the TMA row stride of V^T must be a multiple of 16 bytes: pad the keys with zeros
+        vp = torch.zeros(*v8.shape[:3], lk + (-lk) % 16, dtype=v8.dtype, device=v8.device)
+        vp[..., :lk] = v8
+        v8 = vp
+    coff = 0 if causal == "top_left" else lk - lq
+    mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
+            out, lk, c, causal != "none", coff, *out_strides)
+    return out
+
+
+def _bucket(q8, k8, causal: str) -> tuple:
+    p2 = lambda n: 1 << max(0, int(n) - 1).bit_length()  # noqa: E731
+    return (q8.shape[3], causal, q8.shape[1] // k8.shape[1], p2(q8.shape[2]), p2(k8.shape[2]),
+            p2(q8.shape[0] * q8.shape[1]), str(q8.device))
+
+
+def _time(fn, reps: int = 3) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton) -> bool:
+    """``auto``: whether the CUDA core is faster on this shape bucket (measured once, cached)."""
+    key = _bucket(q8, k8, causal)
+    if key not in _choice:
+        if torch.cuda.is_current_stream_capturing():
+            return True
+        t_cuda, t_triton = _time(run_cuda), _time(run_triton)
+        _choice[key] = t_cuda <= t_triton
+        log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %.3f ms)", key,
+                  "cuda" if _choice[key] else "triton", t_cuda, t_triton)
+    return _choice[key]
