@@ -228,51 +228,44 @@ struct Layout {
   static constexpr int kQBytes = kBM * D;
   static constexpr int kKBytes = kBN * D;
   static constexpr int kVBytes = D * kBN;
+  static constexpr int kSBytes = kBN * 4;  // the tile's K scales (fp32)
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + STAGES * kKBytes;
-  static constexpr int kBar = kV + STAGES * kVBytes;
+  static constexpr int kS = kV + STAGES * kVBytes;
+  static constexpr int kBar = kS + STAGES * kSBytes;
   static constexpr int kBytes = kBar + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
 };
 
-// One 128-key tile for one consumer warpgroup. EDGE: the tile crosses the key end or the causal diagonal.
-template <int D, int STAGES, bool CAUSAL, bool EDGE>
-__device__ __forceinline__ void consume_tile(float (&o)[D / 2], float (&m_i)[2],
-                                             float (&l_i)[2], uint64_t dq, const uint8_t* sk, const uint8_t* sv,
-                                             uint64_t* k_full, uint64_t* v_full, uint64_t* empty, uint32_t parity,
-                                             const float* __restrict__ ks, int n0, int lk, int r0, int coff,
-                                             float qsc0, float qsc1, int t, int lane) {
-  // per-column K scales: keys n0 + 8i + 2t + {0, 1}
-  float ka[16], kb[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int col = n0 + 8 * i + 2 * t;
-    if (EDGE) {
-      ka[i] = col < lk ? __ldg(ks + col) : 0.f;
-      kb[i] = col + 1 < lk ? __ldg(ks + col + 1) : 0.f;
-    } else {
-      ka[i] = __ldg(ks + col);
-      kb[i] = __ldg(ks + col + 1);
-    }
-  }
-  uint32_t sacc[64];  // the first wgmma starts a fresh sum (scale-d 0): never read before it
-  mbar_wait(k_full, parity);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) {
-    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, kk);
-  }
-  wg_commit();
-  wg_wait0();
-  reg_fence(sacc);
+// named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+}
 
+template <int D>
+__device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
+#pragma unroll
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, kk);
+}
+
+// S tile (int32 accumulators) -> online softmax -> P~ as E4M3 A fragments. Updates m_i and the per-thread
+// partial row sums l_i; returns the rescale factors of the rows. EDGE: the tile crosses the key end or
+// the causal diagonal (masked); keys past the end read zero scales from the TMA fill.
+template <bool CAUSAL, bool EDGE>
+__device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
+                                             float (&l_i)[2], float (&alpha)[2], const float* sks, int n0,
+                                             int lk, int r0, int coff, float qsc0, float qsc1, int t, int lane) {
   float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    z[4 * i + 0] = static_cast<float>(static_cast<int>(sacc[4 * i + 0])) * qsc0 * ka[i];
-    z[4 * i + 1] = static_cast<float>(static_cast<int>(sacc[4 * i + 1])) * qsc0 * kb[i];
-    z[4 * i + 2] = static_cast<float>(static_cast<int>(sacc[4 * i + 2])) * qsc1 * ka[i];
-    z[4 * i + 3] = static_cast<float>(static_cast<int>(sacc[4 * i + 3])) * qsc1 * kb[i];
+    const float2 kv = *reinterpret_cast<const float2*>(sks + 8 * i + 2 * t);
+    z[4 * i + 0] = static_cast<float>(static_cast<int>(sacc[4 * i + 0])) * qsc0 * kv.x;
+    z[4 * i + 1] = static_cast<float>(static_cast<int>(sacc[4 * i + 1])) * qsc0 * kv.y;
+    z[4 * i + 2] = static_cast<float>(static_cast<int>(sacc[4 * i + 2])) * qsc1 * kv.x;
+    z[4 * i + 3] = static_cast<float>(static_cast<int>(sacc[4 * i + 3])) * qsc1 * kv.y;
   }
   if (EDGE) {
 #pragma unroll
@@ -302,7 +295,8 @@ __device__ __forceinline__ void consume_tile(float (&o)[D / 2], float (&m_i)[2],
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
   const float mn0 = fmaxf(m_i[0], mx0), mn1 = fmaxf(m_i[1], mx1);
   const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
-  const float alpha0 = ex2(m_i[0] - mu0), alpha1 = ex2(m_i[1] - mu1);
+  alpha[0] = ex2(m_i[0] - mu0);
+  alpha[1] = ex2(m_i[1] - mu1);
   const float off0 = mu0 - kPOff, off1 = mu1 - kPOff;  // row max -> 448
   float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
@@ -314,14 +308,13 @@ __device__ __forceinline__ void consume_tile(float (&o)[D / 2], float (&m_i)[2],
     ls0 += z[4 * i + 0] + z[4 * i + 1];
     ls1 += z[4 * i + 2] + z[4 * i + 3];
   }
-  l_i[0] = l_i[0] * alpha0 + ls0;  // per-thread partial row sums (reduced over the quad at the end)
-  l_i[1] = l_i[1] * alpha1 + ls1;
+  l_i[0] = l_i[0] * alpha[0] + ls0;  // per-thread partial row sums (reduced over the quad at the end)
+  l_i[1] = l_i[1] * alpha[1] + ls1;
   m_i[0] = mn0;
   m_i[1] = mn1;
 
   // P~ -> E4M3 in the A-operand fragment: A register (kk, q) holds row g (+8 if q odd) keys
   // 32kk + 16(q/2) + 4t + {0..3}; this thread has keys {2t, 2t+1, 8+2t, 9+2t} of each 16.
-  uint32_t pa[4][4];
   const int src0 = (lane & ~3) | ((2 * t) & 3), src1 = (lane & ~3) | ((2 * t + 1) & 3);
   const uint32_t sel = t < 2 ? 0x5410u : 0x7632u;
 #pragma unroll
@@ -336,33 +329,13 @@ __device__ __forceinline__ void consume_tile(float (&o)[D / 2], float (&m_i)[2],
       pa[c >> 1][(c & 1) * 2 + rh] = __byte_perm(y0, y1, sel);
     }
   }
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    o[4 * i + 0] *= alpha0;
-    o[4 * i + 1] *= alpha0;
-    o[4 * i + 2] *= alpha1;
-    o[4 * i + 3] *= alpha1;
-  }
-
-  float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
-  mbar_wait(v_full, parity);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < kBN / 32; ++kk) {
-    wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv) + 2 * kk, kk);
-  }
-  wg_commit();
-  wg_wait0();
-  reg_fence(ot);
-  if (lane == 0) mbar_arrive(empty);  // this warp is done with the stage
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] += ot[i];
 }
 
 template <int D, int STAGES, bool CAUSAL, typename OutT>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
-               const __grid_constant__ CUtensorMap tm_v, const Params p) {
+               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_s,
+               const Params p) {
 #if SAGE_SM90A
   using L = Layout<D, STAGES>;
   extern __shared__ uint8_t smem_raw[];
@@ -370,9 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* sq = smem + L::kQ;
   uint8_t* sk = smem + L::kK;
   uint8_t* sv = smem + L::kV;
+  float* ss = reinterpret_cast<float*>(smem + L::kS);
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
+  uint64_t* k_full = bars + 1;  // K tile + its scales
   uint64_t* v_full = bars + 1 + STAGES;
   uint64_t* empty = bars + 1 + 2 * STAGES;
 
@@ -404,13 +378,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
+      tma_prefetch(&tm_s);
       mbar_expect_tx(q_full, L::kQBytes);
       tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % STAGES;
         if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
-        mbar_expect_tx(&k_full[s], L::kKBytes);
+        mbar_expect_tx(&k_full[s], L::kKBytes + L::kSBytes);
         tma_load_3d(sk + s * L::kKBytes, &tm_k, &k_full[s], 0, j * kBN, bhk);
+        tma_load_3d(ss + s * kBN, &tm_s, &k_full[s], j * kBN, bhk, 0);
         mbar_expect_tx(&v_full[s], L::kVBytes);
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
       }
@@ -425,29 +401,66 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
   const float qsc0 = r0 < p.lq ? qs[r0] * p.c : 0.f;
   const float qsc1 = r0 + 8 < p.lq ? qs[r0 + 8] * p.c : 0.f;
-  const float* ks = p.ks + static_cast<size_t>(bhk) * p.lk;
   const int wg_first = m0 + wg * 64;
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
 
-  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   const uint64_t dq = smem_desc<D>(sq + wg * 64 * D);
 
   mbar_wait(q_full, 0);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % STAGES;
-    const uint32_t parity = (j / STAGES) & 1;
-    const int n0 = j * kBN;
-    const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
-    const uint8_t* skt = sk + s * L::kKBytes;
-    const uint8_t* svt = sv + s * L::kVBytes;
-    if (edge) {
-      consume_tile<D, STAGES, CAUSAL, true>(o, m_i, l_i, dq, skt, svt, &k_full[s], &v_full[s], &empty[s],
-                                            parity, ks, n0, p.lk, r0, p.coff, qsc0, qsc1, t, lane);
-    } else {
-      consume_tile<D, STAGES, CAUSAL, false>(o, m_i, l_i, dq, skt, svt, &k_full[s], &v_full[s], &empty[s],
-                                             parity, ks, n0, p.lk, r0, p.coff, qsc0, qsc1, t, lane);
+  if (n_tiles > 0) {
+    // Ping-pong: a warpgroup's turn at the tensor cores issues PV of its current tile and S of its next
+    // one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts.
+    uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
+    if (wg == 1) named_arrive(1);
+    named_sync(my_bar);
+    mbar_wait(&k_full[0], 0);
+    wg_fence();
+    issue_s<D>(sacc, dq, sk);
+    wg_commit();
+    named_arrive(other_bar);
+    wg_wait0();
+    reg_fence(sacc);
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % STAGES;
+      const uint32_t parity = (j / STAGES) & 1;
+      const int n0 = j * kBN;
+      const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+      uint32_t pa[4][4];
+      if (edge) {
+        softmax_tile<CAUSAL, true>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+                                   lane);
+      } else {
+        softmax_tile<CAUSAL, false>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, n0, p.lk, r0, p.coff, qsc0, qsc1,
+                                    t, lane);
+      }
+      float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
+      named_sync(my_bar);
+      mbar_wait(&v_full[s], parity);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 32; ++kk) wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+      if (j + 1 < n_tiles) {
+        const int s1 = (j + 1) % STAGES;
+        mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+      }
+      wg_commit();
+      if (!(wg == 1 && j + 1 == n_tiles)) named_arrive(other_bar);  // (warpgroup 0 has no turn left)
+      wg_wait0();
+      reg_fence(ot);
+      reg_fence(sacc);
+      if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[4 * i + 0] = fmaf(o[4 * i + 0], alpha[0], ot[4 * i + 0]);
+        o[4 * i + 1] = fmaf(o[4 * i + 1], alpha[0], ot[4 * i + 1]);
+        o[4 * i + 2] = fmaf(o[4 * i + 2], alpha[1], ot[4 * i + 2]);
+        o[4 * i + 3] = fmaf(o[4 * i + 3], alpha[1], ot[4 * i + 3]);
+      }
     }
   }
 
@@ -489,66 +502,71 @@ EncodeTiled encode_fn() {
   return fn;
 }
 
-// 3-D uint8 tensor map (inner, middle, outer) with a (box0, box1, 1) box
+// 3-D tensor map (inner, middle, outer; strides in bytes) with a (box0, box1, 1) box
 int make_map(CUtensorMap* map, const void* base, uint64_t d0, uint64_t d1, uint64_t d2, uint64_t stride1,
-             uint64_t stride2, uint32_t box0, uint32_t box1, CUtensorMapSwizzle swz) {
+             uint64_t stride2, uint32_t box0, uint32_t box1, CUtensorMapSwizzle swz,
+             CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8) {
   EncodeTiled fn = encode_fn();
   if (!fn) return 10;
   const cuuint64_t dims[3] = {d0, d1, d2};
   const cuuint64_t strides[2] = {stride1, stride2};
   const cuuint32_t box[3] = {box0, box1, 1};
   const cuuint32_t estr[3] = {1, 1, 1};
-  CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, estr,
+  CUresult r = fn(map, dtype, 3, const_cast<void*>(base), dims, strides, box, estr,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? 0 : 11;
 }
 
 template <int D, int STAGES, bool CAUSAL, typename OutT>
-int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const Params& p, int b,
-           cudaStream_t stream) {
+int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
+           const Params& p, int b, cudaStream_t stream) {
   using L = Layout<D, STAGES>;
   auto kernel = fwd_kernel<D, STAGES, CAUSAL, OutT>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess)
     return 12;
   dim3 grid((p.lq + kBM - 1) / kBM, b * p.hq);
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(mq, mk, mv, p);
+  kernel<<<grid, kThreads, L::kBytes, stream>>>(mq, mk, mv, ms, p);
   return cudaGetLastError() == cudaSuccess ? 0 : 13;
 }
 
 template <int D, typename OutT>
-int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const Params& p, int b,
-                    bool causal, cudaStream_t stream) {
+int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
+                    const Params& p, int b, bool causal, cudaStream_t stream) {
   constexpr int kStages = D == 128 ? 2 : 3;
-  return causal ? launch<D, kStages, true, OutT>(mq, mk, mv, p, b, stream)
-                : launch<D, kStages, false, OutT>(mq, mk, mv, p, b, stream);
+  return causal ? launch<D, kStages, true, OutT>(mq, mk, mv, ms, p, b, stream)
+                : launch<D, kStages, false, OutT>(mq, mk, mv, ms, p, b, stream);
 }
 
 }  // namespace sage_sm90
 
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures (see the launcher).
-// Lengths in elements; ldv = V^T's row stride in elements (>= lk, a multiple of 16); out strides in elements.
+// Lengths in elements; ldv = V^T's row stride (>= lk, a multiple of 16), ldks = the K scales' row stride
+// (>= lk, a multiple of 4), both in elements; out strides in elements.
 extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
-                                      const void* v8, const float* vs, void* out, int out_fp16, int b, int hq,
-                                      int hkv, int lq, int lk, int d, long long ldv, long long sob, long long soh,
-                                      long long son, float c, int causal, int coff, void* stream) {
+                                      long long ldks, const void* v8, const float* vs, void* out, int out_fp16,
+                                      int b, int hq, int hkv, int lq, int lk, int d, long long ldv, long long sob,
+                                      long long soh, long long son, float c, int causal, int coff, void* stream) {
   using namespace sage_sm90;
-  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldv % 16 != 0 || ldv < lk ||
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldv % 16 != 0 || ldv < lk || ldks % 4 != 0 || ldks < lk ||
       b * hq > 65535)
     return 1;
   const CUtensorMapSwizzle qk_swz = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-  CUtensorMap mq, mk, mv;
+  CUtensorMap mq, mk, mv, ms;
   int rc = make_map(&mq, q8, d, lq, static_cast<uint64_t>(b) * hq, d, static_cast<uint64_t>(lq) * d, d, kBM, qk_swz);
   if (!rc) rc = make_map(&mk, k8, d, lk, static_cast<uint64_t>(b) * hkv, d, static_cast<uint64_t>(lk) * d, d, kBN, qk_swz);
   if (!rc)
     rc = make_map(&mv, v8, lk, d, static_cast<uint64_t>(b) * hkv, ldv, static_cast<uint64_t>(ldv) * d, kBN, d,
                   CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!rc)
+    rc = make_map(&ms, ks, ldks, static_cast<uint64_t>(b) * hkv, 1, ldks * 4, ldks * 4 * b * hkv, kBN, 1,
+                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
   Params p{qs, ks, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (d == 128)
-    return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, p, b, causal, st)
-                    : dispatch_causal<128, __nv_bfloat16>(mq, mk, mv, p, b, causal, st);
-  return out_fp16 ? dispatch_causal<64, __half>(mq, mk, mv, p, b, causal, st)
-                  : dispatch_causal<64, __nv_bfloat16>(mq, mk, mv, p, b, causal, st);
+    return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, ms, p, b, causal, st)
+                    : dispatch_causal<128, __nv_bfloat16>(mq, mk, mv, ms, p, b, causal, st);
+  return out_fp16 ? dispatch_causal<64, __half>(mq, mk, mv, ms, p, b, causal, st)
+                  : dispatch_causal<64, __nv_bfloat16>(mq, mk, mv, ms, p, b, causal, st);
 }

@@ -114,10 +114,12 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
     mod = load()
     lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-    if lk % 16:  # the TMA row stride of V^T must be a multiple of 16 bytes: pad the keys with zeros
+    if lk % 16:  # TMA row strides are multiples of 16 bytes: pad V^T's keys (and K's scales) with zeros
         vp = torch.zeros(*v8.shape[:3], lk + (-lk) % 16, dtype=v8.dtype, device=v8.device)
         vp[..., :lk] = v8
         v8 = vp
+    if lk % 4:
+        ks = torch.nn.functional.pad(ks, (0, (-lk) % 4))
     coff = 0 if causal == "top_left" else lk - lq
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
             out, lk, c, causal != "none", coff, *out_strides)
