@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's steps, logs under $OUT (see benchmarks/README.md):
-#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e ncu
+#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e ncu ncu_cuda
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | te
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    tests) python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} tests/ > "$OUT/gpu_tests.log" 2>&1
+    tests) python3 -m pytest -q -m gpu -rA -s -p no:cacheprovider ${PYTEST_N:+-n $PYTEST_N} ${PYTEST_K:+-k "$PYTEST_K"} tests/ > "$OUT/gpu_tests.log" 2>&1
            tail -5 "$OUT/gpu_tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.log" | head -20 ;;
     tune) python3 benchmarks/tune_int8_fp8.py --out "$OUT/tune_int8_fp8_h200.json" > "$OUT/tune.log" 2>&1
           tail -45 "$OUT/tune.log" ;;
@@ -31,6 +31,10 @@ for step in "$@"; do
            python3 benchmarks/profile_one.py > "$OUT/ncu.log" 2>&1
          ncu --import "$OUT/int8_fp8_hd128_16k.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
          tail -3 "$OUT/ncu.log"; grep -E "Duration|Throughput|Registers|Spill|Warp Cycles|Issue Slots|Achieved Occupancy|Tensor" "$OUT/ncu_details.txt" | head -40 ;;
+    ncu_cuda) timeout 200 ncu --clock-control none --set full -k regex:fwd_kernel -c 1 -o "$OUT/int8_fp8_cuda_hd128_16k" \
+           python3 benchmarks/profile_one.py --core cuda > "$OUT/ncu_cuda.log" 2>&1
+         ncu --import "$OUT/int8_fp8_cuda_hd128_16k.ncu-rep" --page details > "$OUT/ncu_cuda_details.txt" 2>&1
+         tail -3 "$OUT/ncu_cuda.log"; grep -E "Duration|Throughput|Registers|Spill|Warp Cycles|Issue Slots|Achieved Occupancy|Tensor|Stall" "$OUT/ncu_cuda_details.txt" | head -40 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"

@@ -194,6 +194,8 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// int32 -> fp32, exact for |s| < 2^22, on the integer and FMA pipes
+__device__ __forceinline__ float i2f_exact(uint32_t s) { return __int_as_float(s + 0x4B400000u) - 12582912.0f; }
 // two fp32 (already in [0, 448]) -> E4M3 RNE (satfinite), lo in byte 0
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   uint16_t r;
@@ -258,14 +260,17 @@ template <bool CAUSAL, bool EDGE>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, int n0,
                                              int lk, int r0, int coff, float qsc0, float qsc1, int t, int lane) {
+  // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
+  // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 exactly through the 1.5 * 2^23
+  // trick (|S| <= 127^2 * 128 < 2^22): I2F would run on the 16-lane/clk unit that exp2 needs.
   float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 kv = *reinterpret_cast<const float2*>(sks + 8 * i + 2 * t);
-    z[4 * i + 0] = static_cast<float>(static_cast<int>(sacc[4 * i + 0])) * qsc0 * kv.x;
-    z[4 * i + 1] = static_cast<float>(static_cast<int>(sacc[4 * i + 1])) * qsc0 * kv.y;
-    z[4 * i + 2] = static_cast<float>(static_cast<int>(sacc[4 * i + 2])) * qsc1 * kv.x;
-    z[4 * i + 3] = static_cast<float>(static_cast<int>(sacc[4 * i + 3])) * qsc1 * kv.y;
+    z[4 * i + 0] = i2f_exact(sacc[4 * i + 0]) * kv.x;
+    z[4 * i + 1] = i2f_exact(sacc[4 * i + 1]) * kv.y;
+    z[4 * i + 2] = i2f_exact(sacc[4 * i + 2]) * kv.x;
+    z[4 * i + 3] = i2f_exact(sacc[4 * i + 3]) * kv.y;
   }
   if (EDGE) {
 #pragma unroll
@@ -293,18 +298,20 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  mx0 *= qsc0;
+  mx1 *= qsc1;
   const float mn0 = fmaxf(m_i[0], mx0), mn1 = fmaxf(m_i[1], mx1);
   const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
   alpha[0] = ex2(m_i[0] - mu0);
   alpha[1] = ex2(m_i[1] - mu1);
-  const float off0 = mu0 - kPOff, off1 = mu1 - kPOff;  // row max -> 448
+  const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
   float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
+  }
+#pragma unroll
   for (int i = 0; i < 16; ++i) {
-    z[4 * i + 0] = ex2(z[4 * i + 0] - off0);
-    z[4 * i + 1] = ex2(z[4 * i + 1] - off0);
-    z[4 * i + 2] = ex2(z[4 * i + 2] - off1);
-    z[4 * i + 3] = ex2(z[4 * i + 3] - off1);
     ls0 += z[4 * i + 0] + z[4 * i + 1];
     ls1 += z[4 * i + 2] + z[4 * i + 3];
   }
@@ -399,8 +406,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
-  const float qsc0 = r0 < p.lq ? qs[r0] * p.c : 0.f;
-  const float qsc1 = r0 + 8 < p.lq ? qs[r0 + 8] * p.c : 0.f;
+  // a zero row scale (padding rows, all-zero query rows) becomes the smallest normal float: every finite
+  // logit then still gives the exp argument log2(448) exactly (uniform attention, as the reference) and a
+  // masked -inf stays -inf (0 * -inf would be NaN); NaN scales stay NaN
+  float qsc0 = r0 < p.lq ? qs[r0] * p.c : 0.f;
+  float qsc1 = r0 + 8 < p.lq ? qs[r0 + 8] * p.c : 0.f;
+  qsc0 = qsc0 == 0.f ? 1.17549435e-38f : qsc0;
+  qsc1 = qsc1 == 0.f ? 1.17549435e-38f : qsc1;
   const int wg_first = m0 + wg * 64;
   const int my_bar = 1 + wg, other_bar = 2 - wg;
 

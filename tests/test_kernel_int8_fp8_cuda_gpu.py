@@ -148,3 +148,4 @@ def test_unsupported_reasons():
     q8 = torch.zeros(1, 2, 8, 64, dtype=torch.int8, device="cuda")
     assert "mask" in KC.unsupported(q8, q8, torch.ones(8, 8, dtype=torch.bool, device="cuda"), torch.bfloat16)
     assert "dtype" in KC.unsupported(q8, q8, None, torch.float32)
+    assert "scale" in KC.unsupported(q8, q8, None, torch.bfloat16, -0.5)

@@ -248,7 +248,7 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
 
     core = int8_fp8_core()
     if config is None and core != "triton" and not EMULATE_FP8:
-        why = cuda.unsupported(q8, k8, attn_mask, out_dtype)
+        why = cuda.unsupported(q8, k8, attn_mask, out_dtype, scale)
         if why is None:
             def run_cuda():
                 return cuda.attention(q8, qs, k8, ks, v8, vs, causal, scale, out, (sob, soh, son))

@@ -89,10 +89,13 @@ def status() -> dict:
     return {"built": _state["module"] is not None, "error": _state["error"]}
 
 
-def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype) -> Optional[str]:
+def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype,
+                scale: Optional[float] = None) -> Optional[str]:
     """Why the CUDA core cannot run this call (None when it can). Builds the extension on first use."""
     if not q8.is_cuda:
         return "not a CUDA tensor"
+    if scale is not None and not float(scale) > 0:
+        return f"softmax scale {scale} (the CUDA core folds a positive row scale into the exp argument)"
     if attn_mask is not None:
         return "masks run on the Triton core"
     if q8.shape[-1] not in (64, 128):

@@ -1,0 +1,123 @@
+"""csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
+torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
+instructions and no local-memory traffic, and the Python side falls back to the Triton core, with the
+reason, when the extension cannot be built. Skipped with a note where nvcc is absent."""
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+NVCC = shutil.which("nvcc")
+
+
+def _cuobjdump():
+    try:
+        import triton
+    except ImportError:
+        return shutil.which("cuobjdump")
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    kernel = next(p for p in cuda.source_paths() if p.endswith(".cu"))
+    obj = str(tmp_path_factory.mktemp("csrc") / "int8_fp8_sm90.o")
+    flags = [f for f in cuda.CUDA_FLAGS if f != "-lineinfo"]
+    r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
+    return r, obj
+
+
+def test_kernel_compiles_for_sm90a_without_spills(compiled):
+    r, _ = compiled
+    assert r.returncode == 0, r.stderr[-3000:]
+    entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", r.stderr)
+    assert len(entries) == 8, entries  # head dim 64/128 x causal or not x bf16/fp16 output
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    assert len(spills) == len(entries) and all(s == ("0", "0") for s in spills), spills
+    assert "C7508" not in r.stderr  # ptxas ignored setmaxnreg
+
+
+def test_sass_has_int8_and_fp8_wgmma(compiled):
+    r, obj = compiled
+    tool = _cuobjdump()
+    if r.returncode != 0 or tool is None:
+        pytest.skip("no object or no cuobjdump")
+    sass = subprocess.run([tool, "--dump-sass", obj], capture_output=True, text=True).stdout
+    funcs = re.split(r"\n\s*Function : ", sass)[1:]
+    assert len(funcs) == 8
+    for f in funcs:
+        name = f.split("\n", 1)[0]
+        assert "IGMMA.64x128x32.S8.S8" in f, name
+        assert re.search(r"QGMMA\.64x(64|128)x32\.F32\.E4M3\.E4M3", f), name
+        assert "UTMALDG" in f and "USETMAXREG" in f, name
+        assert not re.search(r"\b(LDL|STL)\b", f), name
+
+
+def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
+    """A GPU without a working build: load() returns None once, logs why, and status() keeps it."""
+    from torch.utils import cpp_extension
+
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setattr(cuda, "_state", {"tried": False, "module": None, "error": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    calls = []
+
+    def broken(**kw):
+        calls.append(kw["name"])
+        raise RuntimeError("Error building extension 'sage_int8_fp8_sm90': nvcc not found")
+
+    monkeypatch.setattr(cpp_extension, "load", broken)
+    with caplog.at_level("WARNING", logger="sage_compile"):
+        assert cuda.load() is None
+        assert cuda.load() is None  # tried once per process
+    assert len(calls) == 1 and calls[0].startswith("sage_int8_fp8_sm90_")
+    assert cuda.status() == {"built": False, "error": "RuntimeError: Error building extension 'sage_int8_fp8_sm90': nvcc not found"}
+    assert "using the Triton core" in caplog.text
+    assert os.environ.get("TORCH_CUDA_ARCH_LIST") != "9.0a"  # restored
+
+
+def test_wrong_gpu_is_reported(monkeypatch):
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setattr(cuda, "_state", {"tried": False, "module": None, "error": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    assert cuda.load() is None
+    assert "9.0" in cuda.status()["error"] and "8.9" in cuda.status()["error"]
+
+
+def test_build_name_follows_the_sources(tmp_path):
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    a, b = tmp_path / "a.cu", tmp_path / "b.cu"
+    a.write_text("x")
+    b.write_text("y")
+    assert cuda._build_name([str(a)]) != cuda._build_name([str(b)])
+    assert cuda._build_name([str(a)]) == cuda._build_name([str(a)])
+
+
+def test_core_choice_from_the_environment():
+    from sage_compile.config import int8_fp8_core
+
+    assert int8_fp8_core({}) == "auto"
+    assert int8_fp8_core({"SAGE_COMPILE_INT8_FP8_CORE": "CUDA"}) == "cuda"
+    with pytest.raises(ValueError, match="SAGE_COMPILE_INT8_FP8_CORE"):
+        int8_fp8_core({"SAGE_COMPILE_INT8_FP8_CORE": "fast"})
+
+
+def test_sources_ship_as_package_data():
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    paths = cuda.source_paths()
+    assert [os.path.basename(p) for p in paths] == list(cuda.SOURCES)
+    assert all(os.path.exists(p) for p in paths)
