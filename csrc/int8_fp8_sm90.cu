@@ -246,6 +246,16 @@ __device__ __forceinline__ void named_sync(int id) {
 __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
+__device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predicated: no branch between wgmmas
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p bar.arrive %0, %1;\n"
+      "}\n" ::"r"(id),
+      "n"(kConsumerWarps * 32), "r"(static_cast<int>(pred))
+      : "memory");
+}
 
 template <int D>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
@@ -254,12 +264,15 @@ __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const
 }
 
 // S tile (int32 accumulators) -> online softmax -> P~ as E4M3 A fragments. Updates m_i and the per-thread
-// partial row sums l_i; returns the rescale factors of the rows. EDGE: the tile crosses the key end or
-// the causal diagonal (masked); keys past the end read zero scales from the TMA fill.
-template <bool CAUSAL, bool EDGE>
+// partial row sums l_i; returns the rescale factors of the rows. edge: the tile crosses the key end or
+// the causal diagonal (masked); keys past the end read zero scales from the TMA fill. One code path:
+// only the logits are touched under the edge branch, never a register a wgmma reads (else ptxas
+// serializes every wgmma of the kernel, warning C7520).
+template <bool CAUSAL>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
-                                             float (&l_i)[2], float (&alpha)[2], const float* sks, int n0,
-                                             int lk, int r0, int coff, float qsc0, float qsc1, int t, int lane) {
+                                             float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
+                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
+                                             int lane) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 exactly through the 1.5 * 2^23
   // trick (|S| <= 127^2 * 128 < 2^22): I2F would run on the 16-lane/clk unit that exp2 needs.
@@ -272,7 +285,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     z[4 * i + 2] = i2f_exact(sacc[4 * i + 2]) * kv.x;
     z[4 * i + 3] = i2f_exact(sacc[4 * i + 3]) * kv.y;
   }
-  if (EDGE) {
+  if (edge) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
@@ -442,26 +455,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n0 = j * kBN;
       const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      if (edge) {
-        softmax_tile<CAUSAL, true>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
-                                   lane);
-      } else {
-        softmax_tile<CAUSAL, false>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, n0, p.lk, r0, p.coff, qsc0, qsc1,
-                                    t, lane);
-      }
+      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+                           lane);
+      // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
+      // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
+      const bool more = j + 1 < n_tiles;
+      const int s1 = more ? (j + 1) % STAGES : s;
       float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
       named_sync(my_bar);
       mbar_wait(&v_full[s], parity);
+      if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < kBN / 32; ++kk) wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-      if (j + 1 < n_tiles) {
-        const int s1 = (j + 1) % STAGES;
-        mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
-      }
+      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
-      if (!(wg == 1 && j + 1 == n_tiles)) named_arrive(other_bar);  // (warpgroup 0 has no turn left)
+      named_arrive_if(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
       wg_wait0();
       reg_fence(ot);
       reg_fence(sacc);

@@ -43,6 +43,7 @@ def test_kernel_compiles_for_sm90a_without_spills(compiled):
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
     assert len(spills) == len(entries) and all(s == ("0", "0") for s in spills), spills
     assert "C7508" not in r.stderr  # ptxas ignored setmaxnreg
+    assert "C7520" not in r.stderr  # ptxas serialized the wgmmas (an operand register defined in a divergent path)
 
 
 def test_sass_has_int8_and_fp8_wgmma(compiled):
@@ -59,6 +60,9 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert re.search(r"QGMMA\.64x(64|128)x32\.F32\.E4M3\.E4M3", f), name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         assert not re.search(r"\b(LDL|STL)\b", f), name
+        # asynchronous: the wgmmas of a turn are issued back to back, one wait each for S and for PV + next S
+        # (a serialized kernel waits after every wgmma: 20+ waits)
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 3, name
 
 
 def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
