@@ -149,3 +149,23 @@ def test_unsupported_reasons():
     assert "mask" in KC.unsupported(q8, q8, torch.ones(8, 8, dtype=torch.bool, device="cuda"), torch.bfloat16)
     assert "dtype" in KC.unsupported(q8, q8, None, torch.float32)
     assert "scale" in KC.unsupported(q8, q8, None, torch.bfloat16, -0.5)
+
+
+@needs_sm90
+def test_runtime_failure_falls_back_to_triton(monkeypatch, caplog):
+    """A launch the CUDA core refuses is logged and the call runs the Triton core (exact same contract)."""
+    import sage_compile
+    _, _, KC = _mods()
+
+    def refuse(*a, **kw):
+        raise RuntimeError("sage_compile sm90 int8_fp8 kernel failed (code 11: tensor map)")
+
+    monkeypatch.setattr(KC, "attention", refuse)
+    monkeypatch.setenv("SAGE_COMPILE_INT8_FP8_CORE", "cuda")
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 512, 64, generator=g).cuda().bfloat16() for _ in range(3))
+    with caplog.at_level("WARNING", logger="sage_compile"):
+        out = sage_compile.attention(q, k, v, scheme="int8_fp8")
+    assert "runs the Triton core" in caplog.text
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert cos_rel(out.float(), exact)[0] >= 0.999

@@ -253,8 +253,11 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
             def run_cuda():
                 return cuda.attention(q8, qs, k8, ks, v8, vs, causal, scale, out, (sob, soh, son))
 
-            if core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
-                return run_cuda()
+            try:
+                if core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
+                    return run_cuda()
+            except RuntimeError as e:  # the launcher refused (a TORCH_CHECK): the Triton core serves
+                cuda.note_failure(e)
         elif core == "cuda":
             log.debug("sage_compile: int8_fp8 call runs the Triton core: %s", why)
     return run_triton()

@@ -34,6 +34,7 @@ LOG2E = 1.4426950408889634
 _lock = threading.Lock()
 _state: dict = {"tried": False, "module": None, "error": None}
 _choice: dict = {}
+_failures: set = set()
 
 
 def source_paths() -> list[str]:
@@ -127,6 +128,14 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
             out, lk, c, causal != "none", coff, *out_strides)
     return out
+
+
+def note_failure(e: Exception) -> None:
+    """A call the CUDA core refused at run time: logged once per message; the caller runs Triton."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if msg not in _failures:
+        _failures.add(msg)
+        log.warning("sage_compile: CUDA int8_fp8 core failed, this call runs the Triton core (%s)", msg)
 
 
 def _bucket(q8, k8, causal: str) -> tuple:
