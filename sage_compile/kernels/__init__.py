@@ -21,9 +21,10 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None and _capability_ok((8, 9)):
     from . import int8_fp8
 
-    # auto=False: on the H200 the Triton core beats SDPA cuDNN at hd128 16K (653 vs 623 TOPS) but with its
-    # prologue (569 channel-balanced, 615 without) it does not, nor at other shapes
-    # (benchmarks/results/attention_h200.json), so ``auto`` keeps SDPA; ``kernel="int8_fp8"`` selects it.
+    # auto=False: on the H200, with its default prologue, the scheme beats SDPA cuDNN only at hd128 16K
+    # non-causal on the CUDA core (640 vs 624 TOPS; benchmarks/results/attention_cuda_b851cb4_h200.json), not
+    # causal (552 vs 590) nor at 4K-8K or hd64 (attention_cuda_h200.json), so ``auto`` keeps SDPA;
+    # ``kernel="int8_fp8"`` selects it.
     ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
     from . import fp4
 
