@@ -215,8 +215,7 @@ __device__ __forceinline__ void store2<__half>(__half* p, float a, float b) {
 }
 
 struct Params {
-  const float* qs;
-  const float* ks;
+  const float* qs;  // (the K scales come through their tensor map)
   const float* vs;
   void* out;
   int hq, group, lq, lk;
@@ -584,7 +583,7 @@ extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const voi
     rc = make_map(&ms, ks, ldks, static_cast<uint64_t>(b) * hkv, 1, ldks * 4, ldks * 4 * b * hkv, kBN, 1,
                   CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
-  Params p{qs, ks, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
+  Params p{qs, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (d == 128)
     return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, ms, p, b, causal, st)
