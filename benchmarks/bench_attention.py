@@ -182,7 +182,12 @@ def main():
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--flex", action="store_true", help="also time FlexAttention (compiles per shape)")
     p.add_argument("--schemes", default="int8_fp8,fp4", help="our schemes to time")
+    p.add_argument("--only", default=None, help="regex: time only the kernels (peers and ours) it matches")
+    p.add_argument("--no-accuracy", action="store_true", help="skip the accuracy table")
     a = p.parse_args()
+    import re
+
+    keep = (lambda name: re.search(a.only, name) is not None) if a.only else (lambda name: True)  # noqa: E731
     dev = torch.cuda.get_device_name()
     base = dict(device=dev, torch=torch.__version__, triton=triton.__version__, commit=_commit(),
                 date=datetime.date.today().isoformat(), command=" ".join(sys.argv), batch=a.batch, heads=a.heads)
@@ -194,6 +199,7 @@ def main():
             for n in notes:
                 print("note:", n, flush=True)
             kernels.update(ours(causal, a.schemes.split(",")))
+            kernels = {name: kv for name, kv in kernels.items() if keep(name)}
             for n in (int(x) for x in a.seqs.split(",")):
                 b = a.batch if n <= 16384 else 2
                 q, k, v = (torch.randn(b, a.heads, n, hd, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -215,11 +221,12 @@ def main():
                 _write(a.out, recs)  # partial results survive a time limit
     # accuracy on the same kind of inputs (N=4096, B=2, H=16, vs fp32 SDPA)
     g = torch.Generator().manual_seed(0)
-    for hd in (int(x) for x in a.dims.split(",")):
+    for hd in (int(x) for x in a.dims.split(",") if not a.no_accuracy):
         sets = {"gaussian": tuple(torch.randn(2, 16, 4096, hd, generator=g) for _ in range(3)),
                 "outlier": outlier_inputs(2, 16, 4096, hd, g)}
         kernels, _ = peers(hd, False)
         kernels.update(ours(False, a.schemes.split(",")))
+        kernels = {name: kv for name, kv in kernels.items() if keep(name)}
         for inputs, (q, k, v) in sets.items():
             q, k, v = (t.cuda() for t in (q, k, v))
             exact = F.scaled_dot_product_attention(q, k, v)

@@ -1,4 +1,4 @@
-"""One launch of the int8_fp8 core at hd128, N=16K, B=4, H=32 (non-causal) for ncu (benchmarks/gpu_run.sh ncu):
+"""One launch of the int8_fp8 core at hd128 (``--dim``), N=16K, B=4, H=32 (non-causal) for ncu (benchmarks/gpu_run.sh ncu):
 the Triton core (``_fwd_body``) by default, the CUDA sm90 core (``fwd_kernel``) with ``--core cuda``."""
 import argparse
 
@@ -9,8 +9,10 @@ from sage_compile.kernels.int8_fp8 import quantize as KQ
 
 p = argparse.ArgumentParser()
 p.add_argument("--core", choices=("triton", "cuda"), default="triton")
-core = p.parse_args().core
-q, k, v = (torch.randn(4, 32, 16384, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+p.add_argument("--dim", type=int, default=128)
+a = p.parse_args()
+core = a.core
+q, k, v = (torch.randn(4, 32, 16384, a.dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 qt = KQ.quantize(q, k, v)
 if core == "cuda":
     from sage_compile.kernels._common import bhn_strides

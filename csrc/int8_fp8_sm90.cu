@@ -82,6 +82,14 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+__device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
 __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -194,8 +202,6 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// int32 -> fp32, exact for |s| < 2^22, on the integer and FMA pipes
-__device__ __forceinline__ float i2f_exact(uint32_t s) { return __int_as_float(s + 0x4B400000u) - 12582912.0f; }
 // two fp32 (already in [0, 448]) -> E4M3 RNE (satfinite), lo in byte 0
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   uint16_t r;
@@ -262,35 +268,60 @@ __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const
   for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, kk);
 }
 
-// S tile (int32 accumulators) -> online softmax -> P~ as E4M3 A fragments. Updates m_i and the per-thread
-// partial row sums l_i; returns the rescale factors of the rows. edge: the tile crosses the key end or
-// the causal diagonal (masked); keys past the end read zero scales from the TMA fill. One code path:
-// only the logits are touched under the edge branch, never a register a wgmma reads (else ptxas
-// serializes every wgmma of the kernel, warning C7520).
+// Key order of a K tile in shared memory. The producer loads the tile's 128 keys so that S's accumulator
+// column 8i + 2t + e (i < 16, t < 4, e < 2: what lane t of a quad holds) is key key_base(i) + 4t + e of the
+// tile. Then the E4M3 A fragment of the PV wgmma, which wants keys 32kk + 16h + 4t + {0..3} of each row in
+// lane t (register 2h (+1 for row g+8) of k-step kk), is made of the lane's own accumulator columns
+// i = 4kk + 2h and 4kk + 2h + 1: no shuffles, and V^T keeps the prologue's natural key order.
+__host__ __device__ constexpr int key_base(int i) { return 32 * (i / 4) + 16 * ((i / 2) & 1) + 2 * (i & 1); }
+
+template <int N>
+__device__ __forceinline__ float tree_max(const float* x) {  // max over x[0..N): depth log2 N
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
+    return fmaxf(tree_max<N / 2>(x), tree_max<N / 2>(x + N / 2));
+  }
+}
+template <int N>
+__device__ __forceinline__ float tree_sum(const float* x) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
+    return tree_sum<N / 2>(x) + tree_sum<N / 2>(x + N / 2);
+  }
+}
+
+// S tile (int32 accumulators, keys in the order of key_base) -> online softmax -> P~ as E4M3 A fragments.
+// Updates m_i and the per-thread partial row sums l_i; returns the rescale factors of the rows. edge: the
+// tile crosses the key end or the causal diagonal (masked); keys past the end read zero scales from the
+// TMA fill. One code path: only the logits are touched under the edge branch, never a register a wgmma
+// reads (else ptxas serializes every wgmma of the kernel, warning C7520).
 template <bool CAUSAL>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
-                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
-                                             int lane) {
+                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
-  // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 exactly through the 1.5 * 2^23
-  // trick (|S| <= 127^2 * 128 < 2^22) on the integer and FMA pipes instead of I2F (no measurable change
-  // on the H200, benchmarks/results: run 3 vs run 2; kept: it is exact and no slower).
+  // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
+  // (|S| <= 127^2 * 128 < 2^22: the bits of S + 0x4B400000 are the float 1.5 * 2^23 + S exactly) with the
+  // subtraction folded into the scaling FFMA: y = f * dK - round(1.5 * 2^23 * dK), one rounding of the
+  // exact product; the error is below dK (one unit of S, far under S's quantization error).
   float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float2 kv = *reinterpret_cast<const float2*>(sks + 8 * i + 2 * t);
-    z[4 * i + 0] = i2f_exact(sacc[4 * i + 0]) * kv.x;
-    z[4 * i + 1] = i2f_exact(sacc[4 * i + 1]) * kv.y;
-    z[4 * i + 2] = i2f_exact(sacc[4 * i + 2]) * kv.x;
-    z[4 * i + 3] = i2f_exact(sacc[4 * i + 3]) * kv.y;
+    const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + 4 * t);
+    const float nx = kv.x * -12582912.0f, ny = kv.y * -12582912.0f;
+    z[4 * i + 0] = fmaf(__int_as_float(sacc[4 * i + 0] + 0x4B400000u), kv.x, nx);
+    z[4 * i + 1] = fmaf(__int_as_float(sacc[4 * i + 1] + 0x4B400000u), kv.y, ny);
+    z[4 * i + 2] = fmaf(__int_as_float(sacc[4 * i + 2] + 0x4B400000u), kv.x, nx);
+    z[4 * i + 3] = fmaf(__int_as_float(sacc[4 * i + 3] + 0x4B400000u), kv.y, ny);
   }
   if (edge) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = n0 + 8 * i + 2 * t + e;
+        const int col = n0 + key_base(i) + 4 * t + e;
         bool k0 = col < lk, k1 = col < lk;
         if (CAUSAL) {
           k0 = k0 && (col <= r0 + coff);
@@ -301,12 +332,15 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
       }
     }
   }
-  float mx0 = -INFINITY, mx1 = -INFINITY;
+  float r[2][32];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    mx0 = fmaxf(mx0, fmaxf(z[4 * i + 0], z[4 * i + 1]));
-    mx1 = fmaxf(mx1, fmaxf(z[4 * i + 2], z[4 * i + 3]));
+    r[0][2 * i] = z[4 * i + 0];
+    r[0][2 * i + 1] = z[4 * i + 1];
+    r[1][2 * i] = z[4 * i + 2];
+    r[1][2 * i + 1] = z[4 * i + 3];
   }
+  float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -318,35 +352,30 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   alpha[0] = ex2(m_i[0] - mu0);
   alpha[1] = ex2(m_i[1] - mu1);
   const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
-  float ls0 = 0.f, ls1 = 0.f;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
   }
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    ls0 += z[4 * i + 0] + z[4 * i + 1];
-    ls1 += z[4 * i + 2] + z[4 * i + 3];
+    r[0][2 * i] = z[4 * i + 0];
+    r[0][2 * i + 1] = z[4 * i + 1];
+    r[1][2 * i] = z[4 * i + 2];
+    r[1][2 * i + 1] = z[4 * i + 3];
   }
-  l_i[0] = l_i[0] * alpha[0] + ls0;  // per-thread partial row sums (reduced over the quad at the end)
-  l_i[1] = l_i[1] * alpha[1] + ls1;
+  l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
+  l_i[1] = fmaf(l_i[1], alpha[1], tree_sum<32>(r[1]));
   m_i[0] = mn0;
   m_i[1] = mn1;
 
-  // P~ -> E4M3 in the A-operand fragment: A register (kk, q) holds row g (+8 if q odd) keys
-  // 32kk + 16(q/2) + 4t + {0..3}; this thread has keys {2t, 2t+1, 8+2t, 9+2t} of each 16.
-  const int src0 = (lane & ~3) | ((2 * t) & 3), src1 = (lane & ~3) | ((2 * t + 1) & 3);
-  const uint32_t sel = t < 2 ? 0x5410u : 0x7632u;
+  // P~ -> E4M3 A fragments: register (kk, 2h + rh) = row g + 8rh, accumulator columns i = 4kk + 2h, +1
 #pragma unroll
   for (int c = 0; c < 8; ++c) {
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       const int i0 = 2 * c, i1 = 2 * c + 1;
-      const uint32_t x = e4m3x2(z[4 * i0 + 2 * rh], z[4 * i0 + 2 * rh + 1]) |
-                         (e4m3x2(z[4 * i1 + 2 * rh], z[4 * i1 + 2 * rh + 1]) << 16);
-      const uint32_t y0 = __shfl_sync(0xffffffffu, x, src0);
-      const uint32_t y1 = __shfl_sync(0xffffffffu, x, src1);
-      pa[c >> 1][(c & 1) * 2 + rh] = __byte_perm(y0, y1, sel);
+      pa[c >> 1][(c & 1) * 2 + rh] = e4m3x2(z[4 * i0 + 2 * rh], z[4 * i0 + 2 * rh + 1]) |
+                                     (e4m3x2(z[4 * i1 + 2 * rh], z[4 * i1 + 2 * rh + 1]) << 16);
     }
   }
 }
@@ -405,7 +434,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = j % STAGES;
         if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
         mbar_expect_tx(&k_full[s], L::kKBytes + L::kSBytes);
-        tma_load_3d(sk + s * L::kKBytes, &tm_k, &k_full[s], 0, j * kBN, bhk);
+#pragma unroll
+        for (int i = 0; i < 16; ++i)  // 8 rows each, keys key_base(i) + 4t + e at row 2t + e (see key_base)
+          tma_load_4d(sk + s * L::kKBytes + i * 8 * D, &tm_k, &k_full[s], 0, key_base(i) & 3,
+                      (j * kBN + (key_base(i) & ~3)) / 4, bhk);
         tma_load_3d(ss + s * kBN, &tm_s, &k_full[s], j * kBN, bhk, 0);
         mbar_expect_tx(&v_full[s], L::kVBytes);
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
@@ -455,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int n0 = j * kBN;
       const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
-                           lane);
+      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -523,19 +554,17 @@ EncodeTiled encode_fn() {
   return fn;
 }
 
-// 3-D tensor map (inner, middle, outer; strides in bytes) with a (box0, box1, 1) box
-int make_map(CUtensorMap* map, const void* base, uint64_t d0, uint64_t d1, uint64_t d2, uint64_t stride1,
-             uint64_t stride2, uint32_t box0, uint32_t box1, CUtensorMapSwizzle swz,
-             CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8) {
+// tensor map of rank 3 or 4 (dims innermost first, the strides of dims 1.. in bytes) with box `box`
+int make_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims, const uint64_t* strides,
+             const uint32_t* box, CUtensorMapSwizzle swz, CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8) {
   EncodeTiled fn = encode_fn();
   if (!fn) return 10;
-  const cuuint64_t dims[3] = {d0, d1, d2};
-  const cuuint64_t strides[2] = {stride1, stride2};
-  const cuuint32_t box[3] = {box0, box1, 1};
-  const cuuint32_t estr[3] = {1, 1, 1};
-  CUresult r = fn(map, dtype, 3, const_cast<void*>(base), dims, strides, box, estr,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  cuuint64_t d[4], st[3];
+  cuuint32_t bx[4], estr[4] = {1, 1, 1, 1};
+  for (int i = 0; i < rank; ++i) d[i] = dims[i], bx[i] = box[i];
+  for (int i = 0; i + 1 < rank; ++i) st[i] = strides[i];
+  CUresult r = fn(map, dtype, rank, const_cast<void*>(base), d, st, bx, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? 0 : 11;
 }
 
@@ -562,26 +591,39 @@ int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
 }  // namespace sage_sm90
 
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures (see the launcher).
-// Lengths in elements; ldv = V^T's row stride (>= lk, a multiple of 16), ldks = the K scales' row stride
-// (>= lk, a multiple of 4), both in elements; out strides in elements.
-extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
+// Lengths in elements; ldk = K's rows per head (>= lk, a multiple of 4; rows past lk are zeros), ldv = V^T's
+// row stride (>= lk, a multiple of 16), ldks = the K scales' row stride (>= lk, a multiple of 4), all in
+// elements; out strides in elements.
+extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, long long ldk, const float* ks,
                                       long long ldks, const void* v8, const float* vs, void* out, int out_fp16,
                                       int b, int hq, int hkv, int lq, int lk, int d, long long ldv, long long sob,
                                       long long soh, long long son, float c, int causal, int coff, void* stream) {
   using namespace sage_sm90;
-  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldv % 16 != 0 || ldv < lk || ldks % 4 != 0 || ldks < lk ||
-      b * hq > 65535)
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldk % 4 != 0 || ldk < lk ||
+      ldv % 16 != 0 || ldv < lk || ldks % 4 != 0 || ldks < lk || b * hq > 65535)
     return 1;
   const CUtensorMapSwizzle qk_swz = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const uint64_t ud = d, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
   CUtensorMap mq, mk, mv, ms;
-  int rc = make_map(&mq, q8, d, lq, static_cast<uint64_t>(b) * hq, d, static_cast<uint64_t>(lq) * d, d, kBM, qk_swz);
-  if (!rc) rc = make_map(&mk, k8, d, lk, static_cast<uint64_t>(b) * hkv, d, static_cast<uint64_t>(lk) * d, d, kBN, qk_swz);
-  if (!rc)
-    rc = make_map(&mv, v8, lk, d, static_cast<uint64_t>(b) * hkv, ldv, static_cast<uint64_t>(ldv) * d, kBN, d,
-                  CU_TENSOR_MAP_SWIZZLE_128B);
-  if (!rc)
-    rc = make_map(&ms, ks, ldks, static_cast<uint64_t>(b) * hkv, 1, ldks * 4, ldks * 4 * b * hkv, kBN, 1,
-                  CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
+  // Q (d, lq, b*hq), 128-row boxes
+  const uint64_t q_dims[3] = {ud, static_cast<uint64_t>(lq), bhq}, q_str[2] = {ud, static_cast<uint64_t>(lq) * ud};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), kBM, 1};
+  // K viewed as (d, key % 4, key / 4, b*hkv): a (d, 2, 4, 1) box is 8 rows of the key order of key_base
+  const uint64_t k_dims[4] = {ud, 4, static_cast<uint64_t>(ldk) / 4, bhk};
+  const uint64_t k_str[3] = {ud, 4 * ud, static_cast<uint64_t>(ldk) * ud};
+  const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
+  // V^T (lk, d, b*hkv) with row stride ldv, (128 keys, d) boxes
+  const uint64_t v_dims[3] = {static_cast<uint64_t>(lk), ud, bhk};
+  const uint64_t v_str[2] = {static_cast<uint64_t>(ldv), static_cast<uint64_t>(ldv) * ud};
+  const uint32_t v_box[3] = {kBN, static_cast<uint32_t>(d), 1};
+  // K scales (ldks, b*hkv) fp32, 128-key boxes
+  const uint64_t s_dims[3] = {static_cast<uint64_t>(ldks), bhk, 1};
+  const uint64_t s_str[2] = {static_cast<uint64_t>(ldks) * 4, static_cast<uint64_t>(ldks) * 4 * bhk};
+  const uint32_t s_box[3] = {kBN, 1, 1};
+  int rc = make_map(&mq, q8, 3, q_dims, q_str, q_box, qk_swz);
+  if (!rc) rc = make_map(&mk, k8, 4, k_dims, k_str, k_box, qk_swz);
+  if (!rc) rc = make_map(&mv, v8, 3, v_dims, v_str, v_box, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!rc) rc = make_map(&ms, ks, 3, s_dims, s_str, s_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
   Params p{qs, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
   cudaStream_t st = static_cast<cudaStream_t>(stream);

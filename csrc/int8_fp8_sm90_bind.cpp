@@ -5,7 +5,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
+extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, long long ldk, const float* ks,
                                       long long ldks, const void* v8, const float* vs, void* out, int out_fp16,
                                       int b, int hq, int hkv, int lq, int lk, int d, long long ldv, long long sob,
                                       long long soh, long long son, float c, int causal, int coff, void* stream);
@@ -19,7 +19,7 @@ void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* n
   TORCH_CHECK(t.is_contiguous(), "sage_compile sm90 int8_fp8: ", name, " must be contiguous");
 }
 
-// q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq), k8 (B, Hkv, Lk, D) int8, ks (B, Hkv, ldks) with ldks >= Lk a
+// q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq), k8 (B, Hkv, ldk, D) int8 (ldk >= Lk a multiple of 4, zero rows past Lk), ks (B, Hkv, ldks) with ldks >= Lk a
 // multiple of 4, v8 (B, Hkv, D, ldv) e4m3 with ldv >= Lk a multiple of 16, vs (B, Hkv, D); out: (B, Hq, Lq, D) values at strides
 // (sob, soh, son, 1), bf16 or fp16. c = softmax scale * log2(e); causal: key n seen by query m iff
 // n <= m + coff.
@@ -37,11 +37,11 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
   TORCH_CHECK(out.stride(-1) == 1, "sage_compile sm90 int8_fp8: out's channel stride must be 1");
   const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
   const int64_t hkv = k8.size(1);
-  TORCH_CHECK(k8.size(2) == lk && v8.size(2) == d && v8.size(3) >= lk && ks.size(2) >= lk,
+  TORCH_CHECK(k8.size(2) >= lk && k8.size(2) % 4 == 0 && v8.size(2) == d && v8.size(3) >= lk && ks.size(2) >= lk,
               "sage_compile sm90 int8_fp8: shapes");
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_fp8_sm90_fwd(
-      q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), ks.size(2), v8.data_ptr(),
+      q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), k8.size(2), ks.data_ptr<float>(), ks.size(2), v8.data_ptr(),
       vs.data_ptr<float>(),
       out.data_ptr(), out.scalar_type() == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
       static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), v8.size(3), sob, soh,

@@ -122,8 +122,9 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
         vp = torch.zeros(*v8.shape[:3], lk + (-lk) % 16, dtype=v8.dtype, device=v8.device)
         vp[..., :lk] = v8
         v8 = vp
-    if lk % 4:
+    if lk % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
         ks = torch.nn.functional.pad(ks, (0, (-lk) % 4))
+        k8 = torch.nn.functional.pad(k8, (0, 0, 0, (-lk) % 4))
     coff = 0 if causal == "top_left" else lk - lq
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
             out, lk, c, causal != "none", coff, *out_strides)
