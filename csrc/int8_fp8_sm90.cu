@@ -35,6 +35,31 @@
 #define SAGE_SM90A 0
 #endif
 
+// Build knobs (benchmarks/cuda_variants.py times them; SAGE_COMPILE_CUDA_FLAGS="-DSAGE_KPERM=0 ..." builds one):
+// SAGE_KPERM 1 loads each K tile in the accumulator's key order (see key_base), 0 in natural order with the
+// P fragment assembled by quad shuffles; SAGE_STAGES128 / SAGE_STAGES64 the depth of the K/V ring.
+#ifndef SAGE_KPERM
+#define SAGE_KPERM 1
+#endif
+#ifndef SAGE_STAGES128
+#define SAGE_STAGES128 2
+#endif
+#ifndef SAGE_STAGES64
+#define SAGE_STAGES64 3
+#endif
+// SAGE_OVERLAP64 / SAGE_OVERLAP128 1: a warpgroup's softmax of tile j+1 runs while its own PV of tile j is
+// on the tensor cores (the turn issues S_j+1 then PV_j and waits for S only; needs >= 3 stages);
+// SAGE_PINGPONG 0: no turn order between the consumer warpgroups.
+#ifndef SAGE_OVERLAP64
+#define SAGE_OVERLAP64 0
+#endif
+#ifndef SAGE_OVERLAP128
+#define SAGE_OVERLAP128 0
+#endif
+#ifndef SAGE_PINGPONG
+#define SAGE_PINGPONG 1
+#endif
+
 namespace sage_sm90 {
 
 constexpr int kBM = 128;            // query rows per CTA
@@ -98,6 +123,7 @@ __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // keeps the compiler from moving uses of wgmma registers across the asynchronous region
 template <int N>
@@ -246,12 +272,15 @@ struct Layout {
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
 __device__ __forceinline__ void named_sync(int id) {
+  if (!SAGE_PINGPONG) return;
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id) {
+  if (!SAGE_PINGPONG) return;
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
 __device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predicated: no branch between wgmmas
+  if (!SAGE_PINGPONG) return;
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -273,7 +302,11 @@ __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const
 // tile. Then the E4M3 A fragment of the PV wgmma, which wants keys 32kk + 16h + 4t + {0..3} of each row in
 // lane t (register 2h (+1 for row g+8) of k-step kk), is made of the lane's own accumulator columns
 // i = 4kk + 2h and 4kk + 2h + 1: no shuffles, and V^T keeps the prologue's natural key order.
-__host__ __device__ constexpr int key_base(int i) { return 32 * (i / 4) + 16 * ((i / 2) & 1) + 2 * (i & 1); }
+// With SAGE_KPERM 0 the tile is in natural order: column 8i + 2t + e is key 8i + 2t + e.
+__host__ __device__ constexpr int key_base(int i) {
+  return SAGE_KPERM ? 32 * (i / 4) + 16 * ((i / 2) & 1) + 2 * (i & 1) : 8 * i;
+}
+constexpr int kLaneKeys = SAGE_KPERM ? 4 : 2;  // key stride between the lanes of a quad
 
 template <int N>
 __device__ __forceinline__ float tree_max(const float* x) {  // max over x[0..N): depth log2 N
@@ -300,7 +333,8 @@ __device__ __forceinline__ float tree_sum(const float* x) {
 template <bool CAUSAL>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
-                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t) {
+                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
+                                             int lane) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
   // (|S| <= 127^2 * 128 < 2^22: the bits of S + 0x4B400000 are the float 1.5 * 2^23 + S exactly) with the
@@ -309,7 +343,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + 4 * t);
+    const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
     const float nx = kv.x * -12582912.0f, ny = kv.y * -12582912.0f;
     z[4 * i + 0] = fmaf(__int_as_float(sacc[4 * i + 0] + 0x4B400000u), kv.x, nx);
     z[4 * i + 1] = fmaf(__int_as_float(sacc[4 * i + 1] + 0x4B400000u), kv.y, ny);
@@ -321,7 +355,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     for (int i = 0; i < 16; ++i) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = n0 + key_base(i) + 4 * t + e;
+        const int col = n0 + key_base(i) + kLaneKeys * t + e;
         bool k0 = col < lk, k1 = col < lk;
         if (CAUSAL) {
           k0 = k0 && (col <= r0 + coff);
@@ -368,15 +402,38 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   m_i[0] = mn0;
   m_i[1] = mn1;
 
-  // P~ -> E4M3 A fragments: register (kk, 2h + rh) = row g + 8rh, accumulator columns i = 4kk + 2h, +1
+  // P~ -> E4M3 A fragments: register (kk, 2h + rh) = row g + 8rh, keys 32kk + 16h + 4t + {0..3}
+  //   SAGE_KPERM: the lane's own accumulator columns i = 4kk + 2h, +1;
+  //   else: this lane has keys {2t, 2t+1, 8+2t, 9+2t} of each 16: two quad shuffles + one byte permute.
+  const int src0 = (lane & ~3) | ((2 * t) & 3), src1 = (lane & ~3) | ((2 * t + 1) & 3);
+  const uint32_t sel = t < 2 ? 0x5410u : 0x7632u;
 #pragma unroll
   for (int c = 0; c < 8; ++c) {
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       const int i0 = 2 * c, i1 = 2 * c + 1;
-      pa[c >> 1][(c & 1) * 2 + rh] = e4m3x2(z[4 * i0 + 2 * rh], z[4 * i0 + 2 * rh + 1]) |
-                                     (e4m3x2(z[4 * i1 + 2 * rh], z[4 * i1 + 2 * rh + 1]) << 16);
+      const uint32_t x = e4m3x2(z[4 * i0 + 2 * rh], z[4 * i0 + 2 * rh + 1]) |
+                         (e4m3x2(z[4 * i1 + 2 * rh], z[4 * i1 + 2 * rh + 1]) << 16);
+      if constexpr (SAGE_KPERM) {
+        pa[c >> 1][(c & 1) * 2 + rh] = x;
+      } else {
+        const uint32_t y0 = __shfl_sync(0xffffffffu, x, src0);
+        const uint32_t y1 = __shfl_sync(0xffffffffu, x, src1);
+        pa[c >> 1][(c & 1) * 2 + rh] = __byte_perm(y0, y1, sel);
+      }
     }
+  }
+}
+
+// two-level accumulation: O = alpha * O + O_tile (fp32), once per tile
+template <int D>
+__device__ __forceinline__ void fold_tile(float (&o)[D / 2], const float (&ot)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    o[4 * i + 0] = fmaf(o[4 * i + 0], alpha[0], ot[4 * i + 0]);
+    o[4 * i + 1] = fmaf(o[4 * i + 1], alpha[0], ot[4 * i + 1]);
+    o[4 * i + 2] = fmaf(o[4 * i + 2], alpha[1], ot[4 * i + 2]);
+    o[4 * i + 3] = fmaf(o[4 * i + 3], alpha[1], ot[4 * i + 3]);
   }
 }
 
@@ -434,10 +491,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = j % STAGES;
         if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
         mbar_expect_tx(&k_full[s], L::kKBytes + L::kSBytes);
+        if (SAGE_KPERM) {
 #pragma unroll
-        for (int i = 0; i < 16; ++i)  // 8 rows each, keys key_base(i) + 4t + e at row 2t + e (see key_base)
-          tma_load_4d(sk + s * L::kKBytes + i * 8 * D, &tm_k, &k_full[s], 0, key_base(i) & 3,
-                      (j * kBN + (key_base(i) & ~3)) / 4, bhk);
+          for (int i = 0; i < 16; ++i)  // 8 rows each, keys key_base(i) + 4t + e at row 2t + e (see key_base)
+            tma_load_4d(sk + s * L::kKBytes + i * 8 * D, &tm_k, &k_full[s], 0, key_base(i) & 3,
+                        (j * kBN + (key_base(i) & ~3)) / 4, bhk);
+        } else {
+          tma_load_4d(sk + s * L::kKBytes, &tm_k, &k_full[s], 0, 0, j * kBN / 4, bhk);
+        }
         tma_load_3d(ss + s * kBN, &tm_s, &k_full[s], j * kBN, bhk, 0);
         mbar_expect_tx(&v_full[s], L::kVBytes);
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
@@ -481,38 +542,77 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_arrive(other_bar);
     wg_wait0();
     reg_fence(sacc);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % STAGES;
-      const uint32_t parity = (j / STAGES) & 1;
-      const int n0 = j * kBN;
-      const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
-      uint32_t pa[4][4];
-      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t);
-      // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
-      // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
-      const bool more = j + 1 < n_tiles;
-      const int s1 = more ? (j + 1) % STAGES : s;
-      float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
-      named_sync(my_bar);
-      mbar_wait(&v_full[s], parity);
-      if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-      wg_fence();
+    constexpr bool kOverlap = D == 64 ? SAGE_OVERLAP64 : SAGE_OVERLAP128;
+    static_assert(!kOverlap || STAGES >= 3, "the overlapped loop keeps a stage until the next tile's turn");
+    if constexpr (!kOverlap) {
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        const int n0 = j * kBN;
+        const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+        uint32_t pa[4][4];
+        softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+                             lane);
+        // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
+        // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
+        const bool more = j + 1 < n_tiles;
+        const int s1 = more ? (j + 1) % STAGES : s;
+        float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
+        named_sync(my_bar);
+        mbar_wait(&v_full[s], parity);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < kBN / 32; ++kk) wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
-      wg_commit();
-      named_arrive_if(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
+        for (int kk = 0; kk < kBN / 32; ++kk)
+          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+        wg_commit();
+        named_arrive_if(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
+        wg_wait0();
+        reg_fence(ot);
+        reg_fence(sacc);
+        if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
+        fold_tile<D>(o, ot, alpha);
+      }
+    } else {
+      // PV of tile j stays in flight through the softmax of tile j+1; it is folded into O (and its stage
+      // released) right after. ot starts at 0 so the fold before the first PV adds nothing.
+      float ot[D / 2], alpha_prev[2] = {1.f, 1.f};
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) ot[i] = 0.f;
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES;
+        const uint32_t parity = (j / STAGES) & 1;
+        const int n0 = j * kBN;
+        const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+        uint32_t pa[4][4];
+        softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+                             lane);
+        wg_wait0();  // PV of tile j-1
+        reg_fence(ot);
+        if (lane == 0 && j > 0) mbar_arrive(&empty[(j + STAGES - 1) % STAGES]);
+        fold_tile<D>(o, ot, alpha_prev);
+        alpha_prev[0] = alpha[0];
+        alpha_prev[1] = alpha[1];
+        const bool more = j + 1 < n_tiles;
+        const int s1 = more ? (j + 1) % STAGES : s;
+        named_sync(my_bar);
+        mbar_wait(&v_full[s], parity);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        wg_fence();
+        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 32; ++kk)
+          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+        wg_commit();
+        named_arrive_if(other_bar, !(wg == 1 && !more));
+        wg_wait1();  // S of tile j+1; PV of tile j may still run
+        reg_fence(sacc);
+      }
       wg_wait0();
       reg_fence(ot);
-      reg_fence(sacc);
-      if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[4 * i + 0] = fmaf(o[4 * i + 0], alpha[0], ot[4 * i + 0]);
-        o[4 * i + 1] = fmaf(o[4 * i + 1], alpha[0], ot[4 * i + 1]);
-        o[4 * i + 2] = fmaf(o[4 * i + 2], alpha[1], ot[4 * i + 2]);
-        o[4 * i + 3] = fmaf(o[4 * i + 3], alpha[1], ot[4 * i + 3]);
-      }
+      fold_tile<D>(o, ot, alpha_prev);
     }
   }
 
@@ -583,7 +683,7 @@ int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, 
 template <int D, typename OutT>
 int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
                     const Params& p, int b, bool causal, cudaStream_t stream) {
-  constexpr int kStages = D == 128 ? 2 : 3;
+  constexpr int kStages = D == 128 ? SAGE_STAGES128 : SAGE_STAGES64;
   return causal ? launch<D, kStages, true, OutT>(mq, mk, mv, ms, p, b, stream)
                 : launch<D, kStages, false, OutT>(mq, mk, mv, ms, p, b, stream);
 }
@@ -609,9 +709,10 @@ extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const voi
   const uint64_t q_dims[3] = {ud, static_cast<uint64_t>(lq), bhq}, q_str[2] = {ud, static_cast<uint64_t>(lq) * ud};
   const uint32_t q_box[3] = {static_cast<uint32_t>(d), kBM, 1};
   // K viewed as (d, key % 4, key / 4, b*hkv): a (d, 2, 4, 1) box is 8 rows of the key order of key_base
+  // (SAGE_KPERM), a (d, 4, 32, 1) box a whole tile in natural order
   const uint64_t k_dims[4] = {ud, 4, static_cast<uint64_t>(ldk) / 4, bhk};
   const uint64_t k_str[3] = {ud, 4 * ud, static_cast<uint64_t>(ldk) * ud};
-  const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
+  const uint32_t k_box[4] = {static_cast<uint32_t>(d), SAGE_KPERM ? 2u : 4u, SAGE_KPERM ? 4u : kBN / 4, 1};
   // V^T (lk, d, b*hkv) with row stride ldv, (128 keys, d) boxes
   const uint64_t v_dims[3] = {static_cast<uint64_t>(lk), ud, bhk};
   const uint64_t v_str[2] = {static_cast<uint64_t>(ldv), static_cast<uint64_t>(ldv) * ud};

@@ -22,15 +22,16 @@ def _cuobjdump():
     return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3"])
+def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
     from sage_compile.kernels.int8_fp8 import cuda
 
     kernel = next(p for p in cuda.source_paths() if p.endswith(".cu"))
     obj = str(tmp_path_factory.mktemp("csrc") / "int8_fp8_sm90.o")
-    flags = [f for f in cuda.CUDA_FLAGS if f != "-lineinfo"]
+    knobs = [] if request.param == "default" else request.param.split()  # the build knobs compile too
+    flags = [f for f in cuda.CUDA_FLAGS if f != "-lineinfo"] + knobs
     r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
     return r, obj
 
@@ -106,8 +107,18 @@ def test_build_name_follows_the_sources(tmp_path):
     a, b = tmp_path / "a.cu", tmp_path / "b.cu"
     a.write_text("x")
     b.write_text("y")
-    assert cuda._build_name([str(a)]) != cuda._build_name([str(b)])
-    assert cuda._build_name([str(a)]) == cuda._build_name([str(a)])
+    f = cuda.cuda_flags()
+    assert cuda._build_name([str(a)], f) != cuda._build_name([str(b)], f)
+    assert cuda._build_name([str(a)], f) == cuda._build_name([str(a)], f)
+    assert cuda._build_name([str(a)], f) != cuda._build_name([str(a)], cuda.cuda_flags(("-DSAGE_KPERM=0",)))
+
+
+def test_flags_from_the_environment(monkeypatch):
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setenv("SAGE_COMPILE_CUDA_FLAGS", " -DSAGE_STAGES128=3  -DSAGE_KPERM=0 ")
+    assert cuda.cuda_flags(("-DX",))[-3:] == ("-DSAGE_STAGES128=3", "-DSAGE_KPERM=0", "-DX")
+    assert cuda.cuda_flags()[: len(cuda.CUDA_FLAGS)] == cuda.CUDA_FLAGS
 
 
 def test_core_choice_from_the_environment():

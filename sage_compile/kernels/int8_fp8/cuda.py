@@ -43,14 +43,39 @@ def source_paths() -> list[str]:
     return [str(root / name) for name in SOURCES]
 
 
-def _build_name(paths) -> str:
+def cuda_flags(extra: tuple = ()) -> tuple:
+    """nvcc flags: :data:`CUDA_FLAGS`, then ``SAGE_COMPILE_CUDA_FLAGS`` (whitespace-separated; the kernel's
+    build knobs, e.g. ``-DSAGE_STAGES128=3``: see the top of ``csrc/int8_fp8_sm90.cu``), then ``extra``."""
+    return CUDA_FLAGS + tuple(os.environ.get("SAGE_COMPILE_CUDA_FLAGS", "").split()) + tuple(extra)
+
+
+def _build_name(paths, flags) -> str:
     h = hashlib.sha256()
     for p in paths:
         with open(p, "rb") as f:
             h.update(f.read())
-    h.update(" ".join(CUDA_FLAGS).encode())
+    h.update(" ".join(flags).encode())
     h.update(torch.__version__.encode())
     return f"sage_int8_fp8_sm90_{h.hexdigest()[:12]}"
+
+
+def build(extra: tuple = ()):
+    """Compile (or find in torch's extension cache) and import the extension with :func:`cuda_flags`
+    ``(extra)``; raises on failure. :func:`load` is the guarded, once-per-process entry."""
+    from torch.utils import cpp_extension
+
+    paths, flags = source_paths(), cuda_flags(extra)
+    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
+    try:
+        return cpp_extension.load(name=_build_name(paths, flags), sources=paths, extra_cuda_cflags=list(flags),
+                                  extra_cflags=["-O3"],
+                                  verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
 def load():
@@ -65,20 +90,7 @@ def load():
             cap = torch.cuda.get_device_capability()
             if cap != (9, 0):
                 raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
-            from torch.utils import cpp_extension
-
-            paths = source_paths()
-            old = os.environ.get("TORCH_CUDA_ARCH_LIST")
-            os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
-            try:
-                _state["module"] = cpp_extension.load(name=_build_name(paths), sources=paths,
-                                                      extra_cuda_cflags=list(CUDA_FLAGS), extra_cflags=["-O3"],
-                                                      verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
-            finally:
-                if old is None:
-                    os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-                else:
-                    os.environ["TORCH_CUDA_ARCH_LIST"] = old
+            _state["module"] = build()
         except Exception as e:  # noqa: BLE001 - any failure means: the Triton core serves
             _state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             log.warning("sage_compile: CUDA int8_fp8 core unavailable, using the Triton core (%s)", _state["error"])
@@ -111,11 +123,11 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Te
 
 
 def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: torch.Tensor,
-              out_strides: tuple) -> torch.Tensor:
+              out_strides: tuple, module=None) -> torch.Tensor:
     """Run the CUDA core into ``out`` (values at ``out_strides`` = (batch, head, token) strides, channel
     stride 1). Inputs as :func:`sage_compile.kernels.int8_fp8.quantize.quantize` returns them (HND);
-    ``causal`` in none / top_left / bottom_right."""
-    mod = load()
+    ``causal`` in none / top_left / bottom_right; ``module``: a :func:`build` of other knobs (benchmarks)."""
+    mod = load() if module is None else module
     lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     if lk % 16:  # TMA row strides are multiples of 16 bytes: pad V^T's keys (and K's scales) with zeros
