@@ -7,17 +7,18 @@
 // tensor-core accumulator and added to the fp32 output once per tile, row sums from unrounded fp32 P~,
 // O * delta_V / l at the end.
 //
-// Inputs are the prologue's tensors (HND): q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq) fp32, k8 (B, Hkv, Lk, D)
-// int8, ks (B, Hkv, Lk) fp32, v8 (B, Hkv, D, ldv) e4m3 (V transposed, ldv >= Lk a multiple of 16),
-// vs (B, Hkv, D) fp32. Output: any (b, h, token) strides, channel stride 1, bf16 or fp16.
+// Inputs are the prologue's tensors (HND): q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq) fp32, k8 (B, Hkv, ldk, D)
+// int8 (ldk >= Lk a multiple of 4), ks (B, Hkv, Lk) fp32, v8 (B, Hkv, D, ldv) e4m3 (V transposed, ldv >= Lk
+// a multiple of 16), vs (B, Hkv, D) fp32. Output: any (b, h, token) strides, channel stride 1, bf16 or fp16.
 //
 // CTA: 128 query rows, 12 warps. Warps 0-7 are two consumer warpgroups (64 rows each, 240 registers
-// per thread through setmaxnreg); warps 8-11 are the producer warpgroup (24 registers): one lane issues the TMA loads (Q once, then K and V^T tiles into a STAGES-deep ring on
-// mbarriers). Each consumer warpgroup per 128-key tile: S = wgmma s8 (Q, K from shared memory, 128B or
-// 64B swizzle), dequantize + mask + online softmax in registers, P~ -> E4M3 packed straight into the
-// wgmma A-operand fragment (two quad shuffles + one byte permute per 16 keys: the accumulator holds keys
-// {2t, 2t+1, 8+2t, 9+2t} of each 16, the A fragment wants {4t..4t+3}), O_tile = wgmma e4m3 (P~ from
-// registers, V^T from shared memory), O = alpha * O + O_tile.
+// per thread through setmaxnreg); warps 8-11 are the producer warpgroup (24 registers): one lane issues
+// the TMA loads (Q once, then K (+ its scales) and V^T tiles into a STAGES-deep ring on mbarriers; K in
+// the key order of key_base, 16 boxes of 8 rows). Each consumer warpgroup per 128-key tile: S = wgmma s8
+// (Q, K from shared memory, 128B or 64B swizzle), dequantize + mask + online softmax in registers, P~ ->
+// E4M3 straight into the wgmma A-operand fragment (the key order makes the lane's own accumulator
+// columns the fragment's keys), O_tile = wgmma e4m3 (P~ from registers, V^T from shared memory),
+// O = alpha * O + O_tile. At hd128 the two warpgroups take turns at the tensor cores (ping-pong).
 //
 // Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
 // int8_fp8_sm90_bind.cpp.
@@ -35,29 +36,25 @@
 #define SAGE_SM90A 0
 #endif
 
-// Build knobs (benchmarks/cuda_variants.py times them; SAGE_COMPILE_CUDA_FLAGS="-DSAGE_KPERM=0 ..." builds one):
+// Build knobs (benchmarks/cuda_variants.py times them; SAGE_COMPILE_CUDA_FLAGS="-DSAGE_KPERM=0 ..." builds one;
+// the defaults are the fastest measured, benchmarks/results/cuda_variants_h200.json):
 // SAGE_KPERM 1 loads each K tile in the accumulator's key order (see key_base), 0 in natural order with the
 // P fragment assembled by quad shuffles; SAGE_STAGES128 / SAGE_STAGES64 the depth of the K/V ring.
 #ifndef SAGE_KPERM
 #define SAGE_KPERM 1
 #endif
 #ifndef SAGE_STAGES128
-#define SAGE_STAGES128 2
+#define SAGE_STAGES128 4
 #endif
 #ifndef SAGE_STAGES64
 #define SAGE_STAGES64 3
 #endif
-// SAGE_OVERLAP64 / SAGE_OVERLAP128 1: a warpgroup's softmax of tile j+1 runs while its own PV of tile j is
-// on the tensor cores (the turn issues S_j+1 then PV_j and waits for S only; needs >= 3 stages);
-// SAGE_PINGPONG 0: no turn order between the consumer warpgroups.
-#ifndef SAGE_OVERLAP64
-#define SAGE_OVERLAP64 0
+// SAGE_PINGPONG64 / SAGE_PINGPONG128 0: no turn order between the consumer warpgroups.
+#ifndef SAGE_PINGPONG64
+#define SAGE_PINGPONG64 0
 #endif
-#ifndef SAGE_OVERLAP128
-#define SAGE_OVERLAP128 0
-#endif
-#ifndef SAGE_PINGPONG
-#define SAGE_PINGPONG 1
+#ifndef SAGE_PINGPONG128
+#define SAGE_PINGPONG128 1
 #endif
 
 namespace sage_sm90 {
@@ -123,7 +120,6 @@ __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // keeps the compiler from moving uses of wgmma registers across the asynchronous region
 template <int N>
@@ -271,16 +267,19 @@ struct Layout {
 };
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
+template <bool PP>
 __device__ __forceinline__ void named_sync(int id) {
-  if (!SAGE_PINGPONG) return;
+  if (!PP) return;
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
+template <bool PP>
 __device__ __forceinline__ void named_arrive(int id) {
-  if (!SAGE_PINGPONG) return;
+  if (!PP) return;
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
+template <bool PP>
 __device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predicated: no branch between wgmmas
-  if (!SAGE_PINGPONG) return;
+  if (!PP) return;
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -444,6 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                const Params p) {
 #if SAGE_SM90A
   using L = Layout<D, STAGES>;
+  constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + L::kQ;
@@ -530,89 +530,47 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   mbar_wait(q_full, 0);
   if (n_tiles > 0) {
-    // Ping-pong: a warpgroup's turn at the tensor cores issues PV of its current tile and S of its next
-    // one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts.
+    // Ping-pong (kPP): a warpgroup's turn at the tensor cores issues PV of its current tile and S of its
+    // next one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts. Without kPP the same
+    // code runs with no turn order (at hd64 the exps, not the tensor cores, bound the loop).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
-    if (wg == 1) named_arrive(1);
-    named_sync(my_bar);
+    if (wg == 1) named_arrive<kPP>(1);
+    named_sync<kPP>(my_bar);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D>(sacc, dq, sk);
     wg_commit();
-    named_arrive(other_bar);
+    named_arrive<kPP>(other_bar);
     wg_wait0();
     reg_fence(sacc);
-    constexpr bool kOverlap = D == 64 ? SAGE_OVERLAP64 : SAGE_OVERLAP128;
-    static_assert(!kOverlap || STAGES >= 3, "the overlapped loop keeps a stage until the next tile's turn");
-    if constexpr (!kOverlap) {
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
-        const int n0 = j * kBN;
-        const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
-        uint32_t pa[4][4];
-        softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
-                             lane);
-        // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
-        // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
-        const bool more = j + 1 < n_tiles;
-        const int s1 = more ? (j + 1) % STAGES : s;
-        float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
-        named_sync(my_bar);
-        mbar_wait(&v_full[s], parity);
-        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-        wg_fence();
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % STAGES;
+      const uint32_t parity = (j / STAGES) & 1;
+      const int n0 = j * kBN;
+      const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+      uint32_t pa[4][4];
+      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+                           lane);
+      // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
+      // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
+      const bool more = j + 1 < n_tiles;
+      const int s1 = more ? (j + 1) % STAGES : s;
+      float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
+      named_sync<kPP>(my_bar);
+      mbar_wait(&v_full[s], parity);
+      if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+      wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBN / 32; ++kk)
-          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
-        wg_commit();
-        named_arrive_if(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
-        wg_wait0();
-        reg_fence(ot);
-        reg_fence(sacc);
-        if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
-        fold_tile<D>(o, ot, alpha);
-      }
-    } else {
-      // PV of tile j stays in flight through the softmax of tile j+1; it is folded into O (and its stage
-      // released) right after. ot starts at 0 so the fold before the first PV adds nothing.
-      float ot[D / 2], alpha_prev[2] = {1.f, 1.f};
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) ot[i] = 0.f;
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        const uint32_t parity = (j / STAGES) & 1;
-        const int n0 = j * kBN;
-        const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
-        uint32_t pa[4][4];
-        softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
-                             lane);
-        wg_wait0();  // PV of tile j-1
-        reg_fence(ot);
-        if (lane == 0 && j > 0) mbar_arrive(&empty[(j + STAGES - 1) % STAGES]);
-        fold_tile<D>(o, ot, alpha_prev);
-        alpha_prev[0] = alpha[0];
-        alpha_prev[1] = alpha[1];
-        const bool more = j + 1 < n_tiles;
-        const int s1 = more ? (j + 1) % STAGES : s;
-        named_sync(my_bar);
-        mbar_wait(&v_full[s], parity);
-        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-        wg_fence();
-        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 32; ++kk)
-          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-        wg_commit();
-        named_arrive_if(other_bar, !(wg == 1 && !more));
-        wg_wait1();  // S of tile j+1; PV of tile j may still run
-        reg_fence(sacc);
-      }
+      for (int kk = 0; kk < kBN / 32; ++kk)
+        wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+      wg_commit();
+      named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
       wg_wait0();
       reg_fence(ot);
-      fold_tile<D>(o, ot, alpha_prev);
+      reg_fence(sacc);
+      if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
+      fold_tile<D>(o, ot, alpha);
     }
   }
 
