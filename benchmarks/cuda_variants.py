@@ -80,7 +80,7 @@ def main():
             recs.append(dict(base, kernel="sage_int8_fp8", variant=f"cuda:{name}", flags=flags, head_dim=d, seq_len=n,
                              causal=causal != "none", batch=a.batch, metric="tops", value=tops,
                              max_abs_diff_vs_first=diff))
-            row.append(f"{name}={tops:.0f}" + (f" (diff {diff:.1e})" if diff > 1e-2 else ""))
+            row.append(f"{name}={tops:.0f}" + (f" (diff {diff:.1e})" if diff > 0 else ""))
         print(f"hd{d} N={n} {causal}: " + " ".join(row), flush=True)
         del q, k, v, qt
     if a.best_to:

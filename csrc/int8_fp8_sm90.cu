@@ -50,6 +50,14 @@
 #define SAGE_STAGES64 3
 #endif
 // SAGE_PINGPONG64 / SAGE_PINGPONG128 0: no turn order between the consumer warpgroups.
+// SAGE_WG64 / SAGE_WG128: consumer warpgroups per CTA (2, or 3 without ping-pong: 192 query rows, 160
+// registers per consumer thread).
+#ifndef SAGE_WG64
+#define SAGE_WG64 2
+#endif
+#ifndef SAGE_WG128
+#define SAGE_WG128 2
+#endif
 #ifndef SAGE_PINGPONG64
 #define SAGE_PINGPONG64 0
 #endif
@@ -59,10 +67,14 @@
 
 namespace sage_sm90 {
 
-constexpr int kBM = 128;            // query rows per CTA
 constexpr int kBN = 128;            // keys per tile (the numerics' tile: P's scale follows the max per tile)
-constexpr int kConsumerWarps = 8;   // two warpgroups
-constexpr int kThreads = kConsumerWarps * 32 + 128;  // + the producer warpgroup (one lane issues TMA)
+constexpr int kConsumerWarps = 8;   // two warpgroups take turns (ping-pong barriers count their threads)
+template <int D>
+__host__ __device__ constexpr int consumer_wgs() { return D == 64 ? SAGE_WG64 : SAGE_WG128; }
+template <int D>
+__host__ __device__ constexpr int block_m() { return 64 * consumer_wgs<D>(); }  // query rows per CTA
+template <int D>
+__host__ __device__ constexpr int threads() { return 128 * consumer_wgs<D>() + 128; }  // + the producer warpgroup (one lane issues TMA)
 constexpr float kPOff = 8.807354922057604f;  // log2(448)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -254,7 +266,7 @@ struct Params {
 
 template <int D, int STAGES>
 struct Layout {
-  static constexpr int kQBytes = kBM * D;
+  static constexpr int kQBytes = block_m<D>() * D;
   static constexpr int kKBytes = kBN * D;
   static constexpr int kVBytes = D * kBN;
   static constexpr int kSBytes = kBN * 4;  // the tile's K scales (fp32)
@@ -437,13 +449,15 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], const float (&ot)[D
 }
 
 template <int D, int STAGES, bool CAUSAL, typename OutT>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(threads<D>(), 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_s,
                const Params p) {
 #if SAGE_SM90A
   using L = Layout<D, STAGES>;
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
+  constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
+  static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP), "2 warpgroups, or 3 without ping-pong");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + L::kQ;
@@ -472,15 +486,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], kCW);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (warp >= kConsumerWarps) {  // producer warpgroup: gives its registers to the consumers
+  if (warp >= kCW) {  // producer warpgroup: gives its registers to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (warp == kConsumerWarps && lane == 0) {
+    if (warp == kCW && lane == 0) {
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
@@ -508,7 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  if constexpr (consumer_wgs<D>() == 2) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
+  }
   const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
@@ -633,8 +651,8 @@ int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, 
   auto kernel = fwd_kernel<D, STAGES, CAUSAL, OutT>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess)
     return 12;
-  dim3 grid((p.lq + kBM - 1) / kBM, b * p.hq);
-  kernel<<<grid, kThreads, L::kBytes, stream>>>(mq, mk, mv, ms, p);
+  dim3 grid((p.lq + block_m<D>() - 1) / block_m<D>(), b * p.hq);
+  kernel<<<grid, threads<D>(), L::kBytes, stream>>>(mq, mk, mv, ms, p);
   return cudaGetLastError() == cudaSuccess ? 0 : 13;
 }
 
@@ -665,7 +683,7 @@ extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const voi
   CUtensorMap mq, mk, mv, ms;
   // Q (d, lq, b*hq), 128-row boxes
   const uint64_t q_dims[3] = {ud, static_cast<uint64_t>(lq), bhq}, q_str[2] = {ud, static_cast<uint64_t>(lq) * ud};
-  const uint32_t q_box[3] = {static_cast<uint32_t>(d), kBM, 1};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), static_cast<uint32_t>(d == 128 ? block_m<128>() : block_m<64>()), 1};
   // K viewed as (d, key % 4, key / 4, b*hkv): a (d, 2, 4, 1) box is 8 rows of the key order of key_base
   // (SAGE_KPERM), a (d, 4, 32, 1) box a whole tile in natural order
   const uint64_t k_dims[4] = {ud, 4, static_cast<uint64_t>(ldk) / 4, bhk};
