@@ -21,9 +21,9 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None and _capability_ok((8, 9)):
     from . import int8_fp8
 
-    # auto=False: on the H200, with its default prologue, the scheme beats SDPA cuDNN only at hd128 16K
-    # non-causal on the CUDA core (640 vs 624 TOPS; benchmarks/results/attention_cuda_b851cb4_h200.json), not
-    # causal (552 vs 590) nor at 4K-8K or hd64 (attention_cuda_h200.json), so ``auto`` keeps SDPA;
+    # auto=False: on the H200, with its default prologue, the scheme beats SDPA cuDNN only at hd128 N=16K on
+    # the CUDA core (656 vs 603 TOPS, causal 600 vs 573), ties it at 8K (591 vs 598) and is behind at 4K and
+    # at hd64 (410 vs 462; benchmarks/results/attention_cuda_h200.json, 7b80c98), so ``auto`` keeps SDPA;
     # ``kernel="int8_fp8"`` selects it.
     ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
     from . import fp4
