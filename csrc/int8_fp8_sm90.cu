@@ -11,14 +11,16 @@
 // int8 (ldk >= Lk a multiple of 4), ks (B, Hkv, Lk) fp32, v8 (B, Hkv, D, ldv) e4m3 (V transposed, ldv >= Lk
 // a multiple of 16), vs (B, Hkv, D) fp32. Output: any (b, h, token) strides, channel stride 1, bf16 or fp16.
 //
-// CTA: 128 query rows, 12 warps. Warps 0-7 are two consumer warpgroups (64 rows each, 240 registers
-// per thread through setmaxnreg); warps 8-11 are the producer warpgroup (24 registers): one lane issues
+// CTA at hd128: 128 query rows, 12 warps: warps 0-7 are two consumer warpgroups (64 rows each, 240 registers
+// per thread through setmaxnreg), warps 8-11 the producer warpgroup (24 registers); at hd64 three consumer
+// warpgroups (192 rows, 160 registers) and the producer, 16 warps. One producer lane issues
 // the TMA loads (Q once, then K (+ its scales) and V^T tiles into a STAGES-deep ring on mbarriers; K in
 // the key order of key_base, 16 boxes of 8 rows). Each consumer warpgroup per 128-key tile: S = wgmma s8
 // (Q, K from shared memory, 128B or 64B swizzle), dequantize + mask + online softmax in registers, P~ ->
 // E4M3 straight into the wgmma A-operand fragment (the key order makes the lane's own accumulator
 // columns the fragment's keys), O_tile = wgmma e4m3 (P~ from registers, V^T from shared memory),
-// O = alpha * O + O_tile. At hd128 the two warpgroups take turns at the tensor cores (ping-pong).
+// O = alpha * O + O_tile. At hd128 the two warpgroups take turns at the tensor cores (ping-pong); at hd64,
+// where the exps bound the loop, the three run freely.
 //
 // Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
 // int8_fp8_sm90_bind.cpp.
@@ -47,13 +49,13 @@
 #define SAGE_STAGES128 4
 #endif
 #ifndef SAGE_STAGES64
-#define SAGE_STAGES64 3
+#define SAGE_STAGES64 4
 #endif
 // SAGE_PINGPONG64 / SAGE_PINGPONG128 0: no turn order between the consumer warpgroups.
 // SAGE_WG64 / SAGE_WG128: consumer warpgroups per CTA (2, or 3 without ping-pong: 192 query rows, 160
 // registers per consumer thread).
 #ifndef SAGE_WG64
-#define SAGE_WG64 2
+#define SAGE_WG64 3
 #endif
 #ifndef SAGE_WG128
 #define SAGE_WG128 2

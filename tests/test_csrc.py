@@ -36,13 +36,24 @@ def compiled(request, tmp_path_factory):
     return r, obj
 
 
+# The hd64 kernels run three consumer warpgroups at 160 registers (SAGE_WG64=3, 18 % faster on the H200 than
+# two, benchmarks/results/cuda_variants_run14_*): ptxas spills a few scalars there (one 4-byte store + load
+# per tile in the loop, the rest outside it). Bounded here so that growth is caught; the hd128 kernels spill
+# nothing.
+HD64_SPILL_BYTES = 32
+
+
 def test_kernel_compiles_for_sm90a_without_spills(compiled):
     r, _ = compiled
     assert r.returncode == 0, r.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", r.stderr)
     assert len(entries) == 8, entries  # head dim 64/128 x causal or not x bf16/fp16 output
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    assert len(spills) == len(entries) and all(s == ("0", "0") for s in spills), spills
+    per = re.findall(r"Compiling entry function '_ZN9sage_sm9010fwd_kernelILi(\d+)E.*?"
+                     r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
+    assert len(per) == len(entries), per
+    for d, st, ld in per:
+        limit = 0 if d == "128" else HD64_SPILL_BYTES
+        assert int(st) <= limit and int(ld) <= limit, (d, st, ld)
     assert "C7508" not in r.stderr  # ptxas ignored setmaxnreg
     assert "C7520" not in r.stderr  # ptxas serialized the wgmmas (an operand register defined in a divergent path)
 
@@ -60,7 +71,8 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert "IGMMA.64x128x32.S8.S8" in f, name
         assert re.search(r"QGMMA\.64x(64|128)x32\.F32\.E4M3\.E4M3", f), name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
-        assert not re.search(r"\b(LDL|STL)\b", f), name
+        local = len(re.findall(r"\b(LDL|STL)\b", f))
+        assert local == 0 if "fwd_kernelILi128" in name else local <= 12, (name, local)
         # asynchronous: the wgmmas of a turn are issued back to back, one wait each for S and for PV + next S
         # (a serialized kernel waits after every wgmma: 20+ waits)
         assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 3, name
