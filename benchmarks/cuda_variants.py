@@ -1,5 +1,5 @@
 """Time build variants of the CUDA sm90 int8_fp8 core against each other in one process (one GPU run):
-the knobs at the top of ``csrc/int8_fp8_sm90.cu`` (SAGE_KPERM, SAGE_STAGES128, SAGE_STAGES64). All variants
+the knobs at the top of ``csrc/int8_fp8_sm90.cu`` (SAGE_KPERM, SAGE_STAGES*, SAGE_PINGPONG*, SAGE_WG*). All variants
 are compiled in parallel first (one process each), then timed shape by shape on the same quantized inputs,
 kernel only, ``triton.testing.do_bench`` median; each variant's output is compared with the first's.
 

@@ -39,7 +39,7 @@
 #endif
 
 // Build knobs (benchmarks/cuda_variants.py times them; SAGE_COMPILE_CUDA_FLAGS="-DSAGE_KPERM=0 ..." builds one;
-// the defaults are the fastest measured, benchmarks/results/cuda_variants_h200.json):
+// the defaults are the fastest measured, benchmarks/results/cuda_variants_run1[234]_*.json):
 // SAGE_KPERM 1 loads each K tile in the accumulator's key order (see key_base), 0 in natural order with the
 // P fragment assembled by quad shuffles; SAGE_STAGES128 / SAGE_STAGES64 the depth of the K/V ring.
 #ifndef SAGE_KPERM
