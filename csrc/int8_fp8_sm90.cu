@@ -166,6 +166,12 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),           \
       "+f"(d[i + 6]), "+f"(d[i + 7])
 
+// the 64 accumulator operands of an n128 wgmma, %0..%63
+#define SAGE_D64                                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "     \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, " \
+  "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
 // S (64 x 128, s32) (+)= A (64 x 32 s8, smem) * B (128 x 32 s8, smem)^T
 __device__ __forceinline__ void wgmma_s8_n128(uint32_t (&d)[64], uint64_t da, uint64_t db, int accumulate) {
 #if SAGE_SM90A
@@ -174,9 +180,7 @@ __device__ __forceinline__ void wgmma_s8_n128(uint32_t (&d)[64], uint64_t da, ui
       ".reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      SAGE_D64 ", "
       "%64, %65, p;\n"
       "}\n"
       : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24), SAGE_R8(d, 32), SAGE_R8(d, 40),
@@ -194,9 +198,7 @@ __device__ __forceinline__ void wgmma_e4m3_n128(float (&d)[64], const uint32_t (
       ".reg .pred p;\n"
       "setp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      SAGE_D64 ", "
       "{%64, %65, %66, %67}, %68, p, 1, 1;\n"
       "}\n"
       : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24), SAGE_F8(d, 32), SAGE_F8(d, 40),
@@ -338,6 +340,17 @@ __device__ __forceinline__ float tree_sum(const float* x) {
   }
 }
 
+// an accumulator-layout tile (row g: elements 4i, 4i+1; row g+8: 4i+2, 4i+3) as its two rows
+__device__ __forceinline__ void split_rows(const float (&z)[64], float (&r)[2][32]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    r[0][2 * i] = z[4 * i + 0];
+    r[0][2 * i + 1] = z[4 * i + 1];
+    r[1][2 * i] = z[4 * i + 2];
+    r[1][2 * i + 1] = z[4 * i + 3];
+  }
+}
+
 // S tile (int32 accumulators, keys in the order of key_base) -> online softmax -> P~ as E4M3 A fragments.
 // Updates m_i and the per-thread partial row sums l_i; returns the rescale factors of the rows. edge: the
 // tile crosses the key end or the causal diagonal (masked); keys past the end read zero scales from the
@@ -380,13 +393,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     }
   }
   float r[2][32];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    r[0][2 * i] = z[4 * i + 0];
-    r[0][2 * i + 1] = z[4 * i + 1];
-    r[1][2 * i] = z[4 * i + 2];
-    r[1][2 * i + 1] = z[4 * i + 3];
-  }
+  split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -403,13 +410,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   for (int i = 0; i < 64; ++i) {
     z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
   }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    r[0][2 * i] = z[4 * i + 0];
-    r[0][2 * i + 1] = z[4 * i + 1];
-    r[1][2 * i] = z[4 * i + 2];
-    r[1][2 * i + 1] = z[4 * i + 3];
-  }
+  split_rows(z, r);
   l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
   l_i[1] = fmaf(l_i[1], alpha[1], tree_sum<32>(r[1]));
   m_i[0] = mn0;
