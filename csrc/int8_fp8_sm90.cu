@@ -63,6 +63,11 @@
 #ifndef SAGE_PINGPONG64
 #define SAGE_PINGPONG64 0
 #endif
+// SAGE_SPLIT64 1 (hd64, no ping-pong): wait for PV before issuing the next S (two waits per tile), so that
+// S's accumulator and the PV operands are never live together; allows SAGE_WG64 4 (256 rows, 120 registers).
+#ifndef SAGE_SPLIT64
+#define SAGE_SPLIT64 0
+#endif
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
@@ -75,6 +80,11 @@ template <int D>
 __host__ __device__ constexpr int consumer_wgs() { return D == 64 ? SAGE_WG64 : SAGE_WG128; }
 template <int D>
 __host__ __device__ constexpr int block_m() { return 64 * consumer_wgs<D>(); }  // query rows per CTA
+// registers per consumer thread (setmaxnreg; the producer warpgroup keeps 24): all of the register file
+template <int D>
+__host__ __device__ constexpr int consumer_regs() {
+  return consumer_wgs<D>() == 2 ? 240 : consumer_wgs<D>() == 3 ? 160 : 120;
+}
 template <int D>
 __host__ __device__ constexpr int threads() { return 128 * consumer_wgs<D>() + 128; }  // + the producer warpgroup (one lane issues TMA)
 constexpr float kPOff = 8.807354922057604f;  // log2(448)
@@ -126,6 +136,14 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
+// blockIdx.y read anew (asm volatile: not merged with an earlier read), so that values the epilogue alone
+// needs are recomputed there instead of held in registers (or spilled) across the main loop
+__device__ __forceinline__ int ctaid_y() {
+  int v;
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(v));
+  return v;
+}
+
 __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -460,7 +478,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   using L = Layout<D, STAGES>;
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
-  static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP), "2 warpgroups, or 3 without ping-pong");
+  constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
+  static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
+                "2 warpgroups, 3 without ping-pong, or 4 with split waits");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + L::kQ;
@@ -475,9 +495,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int bh = blockIdx.y;
-  const int b = bh / p.hq, h = bh % p.hq;
-  const int hkv = p.hq / p.group;
-  const int bhk = b * hkv + h / p.group;
   const int m0 = m_blk * kBM;
   int hi = p.lk;
   if (CAUSAL) hi = min(p.lk, m0 + kBM + p.coff);
@@ -498,6 +515,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   if (warp >= kCW) {  // producer warpgroup: gives its registers to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (warp == kCW && lane == 0) {
+      const int bhk = (bh / p.hq) * (p.hq / p.group) + (bh % p.hq) / p.group;  // K/V's (batch, kv head)
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
@@ -525,11 +543,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   }
 
   // consumers
-  if constexpr (consumer_wgs<D>() == 2) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
-  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<D>()));
   const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
@@ -577,6 +591,25 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const bool more = j + 1 < n_tiles;
       const int s1 = more ? (j + 1) % STAGES : s;
       float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
+      if constexpr (kSplit) {  // PV, wait, fold; then S of the next tile, wait (no wgmma in flight between)
+        mbar_wait(&v_full[s], parity);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 32; ++kk)
+          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+        wg_commit();
+        wg_wait0();
+        reg_fence(ot);
+        if (lane == 0) mbar_arrive(&empty[s]);  // S of this tile and its PV are done with the stage
+        fold_tile<D>(o, ot, alpha);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        wg_fence();
+        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+        wg_commit();
+        wg_wait0();
+        reg_fence(sacc);
+        continue;
+      }
       named_sync<kPP>(my_bar);
       mbar_wait(&v_full[s], parity);
       if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
@@ -602,7 +635,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const float inv0 = l0 == 0.f ? 0.f : 1.f / l0, inv1 = l1 == 0.f ? 0.f : 1.f / l1;
-  const float* vs = p.vs + static_cast<size_t>(bhk) * D;
+  const int bh_e = ctaid_y(), b = bh_e / p.hq, h = bh_e % p.hq;
+  const float* vs = p.vs + static_cast<size_t>(b * (p.hq / p.group) + h / p.group) * D;
   OutT* out = static_cast<OutT*>(p.out) + b * p.sob + h * p.soh;
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
