@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's steps, logs under $OUT (see benchmarks/README.md):
-#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e ncu ncu_cuda
+#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e robust ncu ncu_cuda
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -27,6 +27,8 @@ for step in "$@"; do
            timeout ${E2E_TIMEOUT:-500} python3 benchmarks/bench_e2e.py --model $m --variants ${E2E_VARIANTS:-eager,inductor,sage_int8_fp8} \
              --out "$OUT/e2e_${m}_h200.json" > "$OUT/e2e_$m.log" 2>&1; tail -8 "$OUT/e2e_$m.log"
          done ;;
+    robust) timeout ${ROBUST_TIMEOUT:-400} python3 benchmarks/robustness.py --out "$OUT/robustness_h200.json" > "$OUT/robustness.log" 2>&1
+            grep -E "PASS|FAIL|wrote" "$OUT/robustness.log" ;;
     ncu) timeout 200 ncu --clock-control none --set full -k regex:_fwd_body -c 1 -o "$OUT/int8_fp8_hd128_16k" \
            python3 benchmarks/profile_one.py > "$OUT/ncu.log" 2>&1
          ncu --import "$OUT/int8_fp8_hd128_16k.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1

@@ -6,7 +6,7 @@ weights, real width: 30 heads x 64, bf16; 2 layers, 30 x 44 latents so each comp
 
 Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
 - ``no_grad`` / ``inference_mode``: sites replaced, step output cos vs eager.
-- ``reduce_overhead``: ``torch.compile(m, backend="sage", mode="reduce-overhead")`` (CUDA graphs): replayed
+- ``reduce_overhead``: ``torch.compile(m, backend=make_backend(kernel=...), mode="reduce-overhead")`` (CUDA graphs): replayed
   output vs eager, no cudagraph skips (Inductor's counter), latency vs the same compile without CUDA graphs.
 - ``dynamic``: ``dynamic=True``, three video lengths (latent frames 4/5/7): graphs compiled (Dynamo's
   ``unique_graphs``) at the first call and recompiles after it, for sage and, as the model's own baseline,
@@ -15,7 +15,7 @@ Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
 - ``batch``: default dynamism, batch 1 -> 2 -> 3: graphs compiled for sage vs Inductor (automatic dynamic
   shapes recompile once, then stay dynamic).
 - ``pipeline``: an unmodified diffusers script (``CogVideoXPipeline`` with random weights, its transformer
-  under a plain ``torch.compile``; :data:`PIPELINE_SCRIPT`) run in a new process with ``SAGE_COMPILE=1``
+  under a plain ``torch.compile``: ``benchmarks/pipeline_cogvideox.py``) run in a new process with ``SAGE_COMPILE=1``
   and without: sites replaced (from ``SAGE_COMPILE_DUMP``'s reports) and the latents' cos.
 """
 from __future__ import annotations
@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 import torch
@@ -36,28 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import _commit  # noqa: E402
 
-PIPELINE_SCRIPT = textwrap.dedent("""
-    # an ordinary diffusers script: nothing here knows about sage_compile
-    import sys, torch
-    from diffusers import CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
-    dev, tiny, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-    torch.manual_seed(0)
-    cfg = dict(num_attention_heads=30, attention_head_dim=64, num_layers=2, sample_frames=9, sample_height=30,
-               sample_width=44, text_embed_dim=4096, time_embed_dim=512)
-    if tiny:
-        cfg.update(num_attention_heads=2, attention_head_dim=32, num_layers=1, sample_height=8, sample_width=8,
-                   text_embed_dim=32, time_embed_dim=16)
-    transformer = CogVideoXTransformer3DModel(**cfg).to(dev, torch.bfloat16).eval()
-    pipe = CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=transformer,
-                             scheduler=CogVideoXDDIMScheduler())
-    pipe.transformer = torch.compile(pipe.transformer)
-    emb = torch.randn(1, 226, cfg["text_embed_dim"], generator=torch.Generator().manual_seed(1)).to(dev, torch.bfloat16)
-    with torch.no_grad():
-        lat = pipe(prompt_embeds=emb, negative_prompt_embeds=torch.zeros_like(emb), num_frames=9,
-                   height=8 * cfg["sample_height"], width=8 * cfg["sample_width"], num_inference_steps=3,
-                   output_type="latent", generator=torch.Generator().manual_seed(2)).frames
-    torch.save(lat.float().cpu(), out)
-""")
+PIPELINE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_cogvideox.py")
 
 
 def build(tiny: bool, device: str):
@@ -129,10 +107,12 @@ def main():
                 date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
                 model="cogvideox_2layer" + ("_tiny" if a.tiny else ""), kernel="sage_" + a.kernel)
     recs = []
+    out_path = a.out or f"benchmarks/results/robustness{'_tiny' if a.tiny else ''}_{dev}.json"
 
     def rec(item, ok, note, numbers=None):
         print(f"{item:16s} {'PASS' if ok else 'FAIL'}  {note}", flush=True)
         recs.append(dict(meta, variant=item, metric="pass", value=int(bool(ok)), note=note, **(numbers or {})))
+        _write(out_path, recs)  # after every item: a run cut short keeps what it measured
 
     def sites():
         rows = [r for rep in sage_compile.debug.last_reports() for r in rep]
@@ -164,7 +144,7 @@ def main():
             torch._dynamo.reset()
             counters.clear()
             sage_compile.debug.clear_reports()
-            f = torch.compile(m, backend="sage", mode=mode, options={"sage_kernel": a.kernel})
+            f = torch.compile(m, backend=be, mode=None if mode == "default" else mode)
             with torch.no_grad():
                 for _ in range(3):  # warm-up, record, replay
                     y = f(**x3)[0].clone()
@@ -193,7 +173,7 @@ def main():
                 e = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_COMPILE")}
                 e.update(env)
                 t0 = time.time()
-                p = subprocess.run([sys.executable, "-c", PIPELINE_SCRIPT, dev, "1" if a.tiny else "0",
+                p = subprocess.run([sys.executable, PIPELINE_SCRIPT, dev, "1" if a.tiny else "0",
                                     os.path.join(tmp, name + ".pt")], env=e, capture_output=True, text=True, timeout=900)
                 if p.returncode:
                     rec("pipeline", False, f"{name} run failed: {p.stderr[-800:]}")
@@ -209,11 +189,13 @@ def main():
                     f"SAGE_COMPILE=1 on an unmodified CogVideoXPipeline script (3 steps, CFG): {n}/{len(rows)} sites "
                     f"replaced in the compiled transformer, latents cos vs the same script without it {c:.5f}", dict(cos=c))
 
-    out_path = a.out or f"benchmarks/results/robustness{'_tiny' if a.tiny else ''}_{dev}.json"
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(recs, f, indent=1)
     print("wrote", out_path, f"({sum(r['value'] for r in recs)}/{len(recs)} pass)")
+
+
+def _write(path, recs):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(recs, f, indent=1)
 
 
 if __name__ == "__main__":

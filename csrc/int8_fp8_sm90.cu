@@ -64,7 +64,10 @@
 #define SAGE_PINGPONG64 0
 #endif
 // SAGE_SPLIT64 1 (hd64, no ping-pong): wait for PV before issuing the next S (two waits per tile), so that
-// S's accumulator and the PV operands are never live together; allows SAGE_WG64 4 (256 rows, 120 registers).
+// S's accumulator and the PV operands are never live together: no hd64 kernel spills (the default's causal
+// kernels spill 20 bytes). Run 15 on the H200 (cuda_variants_run15_*): identical outputs, kernel only 463 vs
+// 459 TOPS at 16K, but 432 vs 463 causal and 390 vs 421 at 4K, so off by default. Also allows SAGE_WG64 4
+// (256 rows, 120 registers; ptxas then spills 40 bytes: not timed).
 #ifndef SAGE_SPLIT64
 #define SAGE_SPLIT64 0
 #endif

@@ -22,7 +22,7 @@ def _cuobjdump():
     return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
 
 
-@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3"])
+@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -33,33 +33,38 @@ def compiled(request, tmp_path_factory):
     knobs = [] if request.param == "default" else request.param.split()  # the build knobs compile too
     flags = [f for f in cuda.CUDA_FLAGS if f != "-lineinfo"] + knobs
     r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
-    return r, obj
+    return r, obj, " ".join(knobs)
 
 
 # The hd64 kernels run three consumer warpgroups at 160 registers (SAGE_WG64=3, 18 % faster on the H200 than
-# two, benchmarks/results/cuda_variants_run14_*): ptxas spills a few scalars there (one 4-byte store + load
-# per tile in the loop, the rest outside it). Bounded here so that growth is caught; the hd128 kernels spill
-# nothing.
-HD64_SPILL_BYTES = 32
+# two, benchmarks/results/cuda_variants_run14_*). The causal ones spill a few scalars there (20 bytes: a
+# 4-byte store + load per tile in the loop, the rest outside it), bounded here so that growth is caught;
+# the non-causal and hd128 kernels spill nothing, nor does any kernel with SAGE_SPLIT64=1 (PV waited before
+# the next S: 7 % slower at hd64 causal 16K and at 4K, benchmarks/results/cuda_variants_run15_*).
+HD64_CAUSAL_SPILL_BYTES = 24  # (20 with the default knobs, 24 with SAGE_KPERM=0)
+
+
+def _spill_limit(knobs: str, d: str, causal: bool) -> int:
+    return HD64_CAUSAL_SPILL_BYTES if d == "64" and causal and "SAGE_SPLIT64=1" not in knobs else 0
 
 
 def test_kernel_compiles_for_sm90a_without_spills(compiled):
-    r, _ = compiled
+    r, _, knobs = compiled
     assert r.returncode == 0, r.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", r.stderr)
     assert len(entries) == 8, entries  # head dim 64/128 x causal or not x bf16/fp16 output
-    per = re.findall(r"Compiling entry function '_ZN9sage_sm9010fwd_kernelILi(\d+)E.*?"
+    per = re.findall(r"Compiling entry function '_ZN9sage_sm9010fwd_kernelILi(\d+)ELi\d+ELb([01])E.*?"
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
     assert len(per) == len(entries), per
-    for d, st, ld in per:
-        limit = 0 if d == "128" else HD64_SPILL_BYTES
-        assert int(st) <= limit and int(ld) <= limit, (d, st, ld)
+    for d, causal, st, ld in per:
+        limit = _spill_limit(knobs, d, causal == "1")
+        assert int(st) <= limit and int(ld) <= limit, (knobs, d, causal, st, ld)
     assert "C7508" not in r.stderr  # ptxas ignored setmaxnreg
     assert "C7520" not in r.stderr  # ptxas serialized the wgmmas (an operand register defined in a divergent path)
 
 
 def test_sass_has_int8_and_fp8_wgmma(compiled):
-    r, obj = compiled
+    r, obj, knobs = compiled
     tool = _cuobjdump()
     if r.returncode != 0 or tool is None:
         pytest.skip("no object or no cuobjdump")
@@ -71,8 +76,9 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert "IGMMA.64x128x32.S8.S8" in f, name
         assert re.search(r"QGMMA\.64x(64|128)x32\.F32\.E4M3\.E4M3", f), name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
+        d, causal = re.search(r"fwd_kernelILi(\d+)ELi\d+ELb([01])E", name).groups()
         local = len(re.findall(r"\b(LDL|STL)\b", f))
-        assert local == 0 if "fwd_kernelILi128" in name else local <= 12, (name, local)
+        assert local <= (12 if _spill_limit(knobs, d, causal == "1") else 0), (knobs, name, local)
         # asynchronous: the wgmmas of a turn are issued back to back, one wait each for S and for PV + next S
         # (a serialized kernel waits after every wgmma: 20+ waits)
         assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 3, name
