@@ -35,6 +35,13 @@ def _commit():
         return None
 
 
+def write_records(path, recs):
+    """Write result records (conventions.md: a flat JSON list), creating the folder."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(recs, f, indent=1)
+
+
 def peers(hd, causal, with_flex=False):
     """name -> (prepare(q, k, v) -> state, run(state)); only what is installed."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import re
 import sys
@@ -30,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit  # noqa: E402
+from bench_attention import _commit, write_records  # noqa: E402
 
 # attention kernels by name: SDPA's (cuDNN, flash, mem-efficient), our cores (Triton _fwd_body, CUDA
 # sage_sm90::fwd_kernel) and our prologue kernels (quantizers, channel factors, mask check)
@@ -177,7 +176,7 @@ def main():
                  dict(base, metric="rel_l1", value=rel, note=f"vs eager; {sites}"),
                  dict(base, metric="attention_ms", value=attn), dict(base, metric="cuda_ms", value=total)]
         del fn_m
-        _write(out_path, recs)  # after every variant: a run cut short keeps what it measured
+        write_records(out_path, recs)  # after every variant: a run cut short keeps what it measured
     base_name = "inductor_cudnn" if "inductor_cudnn" in res else "inductor"  # the baseline: cuDNN SDPA
     ind = res.get(base_name)
     if ind and ind["total"] == ind["total"] and ind["total"] > 0:
@@ -193,14 +192,9 @@ def main():
             base = dict(meta, kernel=var, variant="step")
             recs += [dict(base, metric="speedup", value=ind["ms"] / r["ms"], note=f"vs {base_name}"),
                      dict(base, metric="ms", value=pred, note="Amdahl prediction from the attention speed-up")]
-    _write(out_path, recs)
+    write_records(out_path, recs)
     print("wrote", out_path)
 
-
-def _write(path, recs):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(recs, f, indent=1)
 
 
 if __name__ == "__main__":

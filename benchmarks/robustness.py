@@ -33,7 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit  # noqa: E402
+from bench_attention import _commit, write_records  # noqa: E402
 
 PIPELINE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_cogvideox.py")
 
@@ -112,7 +112,7 @@ def main():
     def rec(item, ok, note, numbers=None):
         print(f"{item:16s} {'PASS' if ok else 'FAIL'}  {note}", flush=True)
         recs.append(dict(meta, variant=item, metric="pass", value=int(bool(ok)), note=note, **(numbers or {})))
-        _write(out_path, recs)  # after every item: a run cut short keeps what it measured
+        write_records(out_path, recs)  # after every item: a run cut short keeps what it measured
 
     def sites():
         rows = [r for rep in sage_compile.debug.last_reports() for r in rep]
@@ -191,11 +191,6 @@ def main():
 
     print("wrote", out_path, f"({sum(r['value'] for r in recs)}/{len(recs)} pass)")
 
-
-def _write(path, recs):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(recs, f, indent=1)
 
 
 if __name__ == "__main__":
