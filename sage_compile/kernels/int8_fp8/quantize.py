@@ -147,7 +147,8 @@ def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor)
 def quant_v_fp8(v_hnd: torch.Tensor):
     """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,N), fp32 scales (B,H,D))."""
     b, h, n, d = v_hnd.shape
-    amax = v_hnd.abs().amax(dim=-2).float()
+    vmin, vmax = torch.aminmax(v_hnd, dim=-2)  # = |V|'s amax (exactly) without writing |V|
+    amax = torch.maximum(vmax, -vmin).abs().float()  # (abs: a column of -0.0 gives +0.0, as |V| would)
     scale = (amax / torch.full_like(amax, 448.0)).contiguous()  # IEEE division (see reference.quant)
     y = torch.empty((b, h, d, n), dtype=torch.float8_e4m3fn, device=v_hnd.device)
     block_d = max(16, triton.next_power_of_2(d))
