@@ -67,3 +67,42 @@ def test_core_masks_padded_head_dim_nhd(kind):
     ref = R.attention(*qt, mask, "none", 0.3, "NHD", torch.bfloat16, 40)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert ((out.float() - ref.float()).abs().sum() / ref.float().abs().sum()).item() < 5e-3
+
+
+def test_tile_dequant_exact_for_every_code_and_scale():
+    """The core's bit-level decode (codes -> fp16, times the E4M3 scale in fp16) equals the reference
+    dequantization for all 256 packed bytes under every finite E4M3 scale, subnormals included."""
+    import triton.language as tl
+
+    @triton.jit
+    def deq(P, S, Y, R: tl.constexpr, C: tl.constexpr):
+        rows = tl.arange(0, R)
+        tl.store(Y + rows[:, None] * C + tl.arange(0, C)[None, :],
+                 KA._deq(P, S, rows, 0, R, C // 2, C // 2, C // 16, R, C).to(tl.float32))
+
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x7E                                # the two NaN codes -> 448
+    scales = codes.view(torch.float8_e4m3fn)                            # every finite E4M3 value, both zeros
+    r = scales.numel()
+    packed = torch.arange(256, dtype=torch.uint8).repeat(r, 1)          # (r, 256): C = 512 values per row
+    sc = scales[:, None].repeat(1, 32)                                  # one scale per 16 values
+    out = torch.empty(r, 512)
+    deq[(1,)](packed, sc, out, r, 512)
+    assert torch.equal(out, Q.dequant_nvfp4(packed, sc).float())
+
+
+def test_round_e2m1_pos_matches_reference_on_ties():
+    import triton.language as tl
+
+    @triton.jit
+    def rnd(X, Y, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, _common.round_e2m1_pos(tl.load(X + i)))
+
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 1e9, 0.0])
+    x = torch.cat([ties, torch.nextafter(ties, torch.tensor(-1.0)).abs(), torch.nextafter(ties, ties + 1),
+                   torch.rand(4096, generator=torch.Generator().manual_seed(3)) * 8])
+    x = torch.cat([x, torch.zeros(8192 - x.numel())])
+    y = torch.empty_like(x)
+    rnd[(1,)](x, y, x.numel())
+    assert torch.equal(y, Q.round_e2m1(x))

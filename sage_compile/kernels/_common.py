@@ -59,6 +59,25 @@ def e2m1_code(r):
 
 
 @triton.jit
+def round_e2m1_pos(a):
+    """Non-negative fp32 -> nearest E2M1 value (RNE on ties, saturating at 6), as fp32: the same values as
+    :func:`round_e2m1` for a >= 0, in two adds — (a + C) - C rounds to a multiple of ulp(C), ties to
+    even, with C = 1.5·2^22 / 2^23 / 2^24 for the grid steps 0.5 / 1 / 2 of [0, 2) / [2, 4) / [4, 6]."""
+    a = tl.minimum(a, 6.0)
+    c = tl.where(a < 2.0, 6291456.0, tl.where(a < 4.0, 12582912.0, 25165824.0))
+    return (a + c) - c
+
+
+@triton.jit
+def e2m1_f16(code):
+    """4-bit E2M1 code (int32: magnitude index in bits 0-2, sign in bit 3) -> its exact value as fp16.
+    The bits (e1 e0 m) placed at fp16 bits 9-11 read as value · 2^-14 (e = 0, the 0.5 code, lands on
+    the subnormal 2^-15: the same formula), so one exact multiply by 2^14 finishes the decode."""
+    bits = ((code & 7) << 9) | ((code & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True) * 16384.0
+
+
+@triton.jit
 def e2m1_value(code):
     """4-bit code (int32) -> fp32 value."""
     m = (code & 7).to(tl.float32)

@@ -5,7 +5,7 @@ rounds it to the input dtype: option ``delta_s="input"``); NVFP4 (E2M1 values, 1
 for Q and K along the head dim and for V along tokens (V stored transposed, tokens padded to 16).
 Core: S = ΔS + deq(Q)·deq(K)ᵀ in fp32 (every dequantized product is exact); online softmax over 128-key
 tiles with the running row max mapped to 448·6 = 2688 (level 1); then per 16-key group
-s_P = max P̃ / 6 rounded to E4M3 and P̂ = E2M1(P̃ / s) (level 2). Upstream divides by the *unrounded*
+s_P = max P̃ / 6 rounded to E4M3 and P̂ = E2M1(P̃ · (1/s)) (level 2, IEEE reciprocal). Upstream divides by the *unrounded*
 s_P (``p_scale="unrounded"``, this module's default); ``"rounded"`` divides by the E4M3 value actually
 used: slightly better on every set of benchmarks/ablation_fp4.py, so the scheme's default
 (``Options.fp4_p_scale``). PV with NVFP4 P and V, fp32 across tiles.
@@ -91,14 +91,16 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
 
 def quant_p(p: torch.Tensor, p_scale: str = "unrounded") -> torch.Tensor:
     """Level 2 of the P quantization (fake, fp32 out): per 16 keys s = max/6 -> E4M3, values E2M1 of
-    P / s (``unrounded`` s, as upstream) or P / E4M3(s) (``rounded``), times E4M3(s)."""
+    P / s (``unrounded`` s, as upstream) or P / E4M3(s) (``rounded``), times E4M3(s). The division is
+    P · (1/s) with the IEEE fp32 reciprocal (0 where s = 0), the rule of the Q/K/V quantizers: one
+    reciprocal per group in the kernel instead of a correctly rounded division per element."""
     n = p.shape[-1]
     pg = F.pad(p, (0, (-n) % GROUP)).unflatten(-1, (-1, GROUP))
     sp = pg.amax(dim=-1, keepdim=True) / E2M1_MAX
     sp8 = to_e4m3(sp).float()
     div = sp if p_scale == "unrounded" else sp8
-    y = torch.where(div > 0, pg / torch.where(div > 0, div, torch.ones_like(div)), torch.zeros_like(pg))
-    return (round_e2m1(y) * sp8).flatten(-2)[..., :n]
+    inv = torch.where(div > 0, 1.0 / torch.where(div > 0, div, torch.ones_like(div)), torch.zeros_like(div))
+    return (round_e2m1(pg * inv) * sp8).flatten(-2)[..., :n]
 
 
 def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,

@@ -1,11 +1,12 @@
 """Triton core of ``fp4`` (SageAttention3 NVFP4 numerics, exact on Hopper; numerics.md §3, §7.3(a)).
 
-Hopper has no FP4 tensor cores: every NVFP4 operand is dequantized in registers to bf16 — exactly, since
-each E2M1 x E4M3 product is a bf16 value — and multiplied on bf16 tensor cores with fp32 accumulation,
+Hopper has no FP4 tensor cores: every NVFP4 operand is dequantized in registers to fp16 — exactly, since
+each E2M1 x E4M3 product is an fp16 (and a bf16) value; the codes are decoded from their bits — and
+multiplied on 16-bit tensor cores with fp32 accumulation,
 so the kernel computes what a Blackwell block-scaled FP4 MMA computes (up to accumulation order) at bf16
 speed: storage is 4.5 bits per value, the arithmetic is not faster than bf16.
 Per 128-key tile: S = ΔS + deq(Q)·deq(K)ᵀ; online softmax with the running row max mapped to 448·6
-(level 1); per 16-key group s_P = max P̃ / 6 rounded to E4M3, P̂ = E2M1(P̃ / s) (level 2; dividing by the
+(level 1); per 16-key group s_P = max P̃ / 6 rounded to E4M3, P̂ = E2M1(P̃ · (1/s)) (level 2; dividing by the
 unrounded s as upstream, or by the rounded one with ``p_scale="rounded"``); P̂·s_P times deq(V) added to
 an fp32 accumulator. Reference: :mod:`sage_compile.reference.fp4` (same tiling, BLOCK_N = 128).
 
@@ -25,7 +26,8 @@ import triton
 import triton.language as tl
 
 from ...reference.fp4 import q_block_of
-from .._common import CAUSAL_CODES, EMULATE_FP8, e2m1_code, e2m1_value, output_and_mask, round_e2m1, to_e4m3
+from .._common import (CAUSAL_CODES, EMULATE_FP8, e2m1_code, e2m1_f16, output_and_mask, round_e2m1, round_e2m1_pos,
+                       to_e4m3)
 
 LOG2E = 1.4426950408889634
 P_OFF = math.log2(448.0 * 6.0)
@@ -57,11 +59,12 @@ def _packed(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.con
 
 @triton.jit
 def _deq(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R: tl.constexpr, C: tl.constexpr):
-    """Dequantize an (R, C) NVFP4 tile (:func:`_packed`) to fp32."""
+    """Dequantize an (R, C) NVFP4 tile (:func:`_packed`) to fp16 — exact: E2M1 x E4M3 products have at
+    most 5 significant bits and lie in [2^-10, 2688] (the codes decoded from their bits, :func:`e2m1_f16`)."""
     pk, sc = _packed(P, S, rows, col0, NROWS, NCOLS_P, sp, ss, R, C)
     pk = pk.to(tl.int32)
-    vals = tl.reshape(tl.join(e2m1_value(pk & 15), e2m1_value(pk >> 4)), (R, C))
-    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc.to(tl.float32)[:, :, None], (R, C))
+    vals = tl.reshape(tl.join(e2m1_f16(pk & 15), e2m1_f16(pk >> 4)), (R, C))
+    return tl.reshape(tl.reshape(vals, (R, C // 16, 16)) * sc.to(tl.float16)[:, :, None], (R, C))
 
 
 @triton.jit
@@ -73,13 +76,29 @@ def _pack_e2m1(r, R: tl.constexpr, C: tl.constexpr):
 
 @triton.jit
 def _mma_in(x, EMULATE: tl.constexpr):
-    """bf16 tensor-core operand (exact for dequantized NVFP4 values). The interpreter's bf16 dot is not
-    usable (it multiplies raw bits), so there the operands stay fp32: the same exact values."""
+    """fp16 tensor-core operand (exact for dequantized NVFP4 values and for dequantized P). The
+    interpreter's 16-bit dot is not usable (it multiplies raw bits), so there the operands are fp32: the
+    same exact values."""
     if EMULATE:
-        y = x
+        y = x.to(tl.float32)
     else:
-        y = x.to(tl.bfloat16)
+        y = x.to(tl.float16)
     return y
+
+
+@triton.jit
+def _delta_s(DS, m0, offs_n, LK, NBLK, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, QB: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) ΔS tile of query rows m0... (one fp32 row per QB queries), loaded once per
+    row block and broadcast (so only the distinct rows move into the MMA layout)."""
+    if QB < BLOCK_M:
+        rb = m0 // QB + tl.arange(0, BLOCK_M // QB)
+        d = tl.load(DS + rb[:, None] * LK + offs_n[None, :], mask=(rb[:, None] < NBLK) & (offs_n[None, :] < LK),
+                    other=0.0)
+        ds = tl.reshape(tl.broadcast_to(d[:, None, :], (BLOCK_M // QB, QB, BLOCK_N)), (BLOCK_M, BLOCK_N))
+    else:
+        d = tl.load(DS + (m0 // QB) * LK + offs_n, mask=offs_n < LK, other=0.0)
+        ds = tl.broadcast_to(d[None, :], (BLOCK_M, BLOCK_N))
+    return ds
 
 
 @triton.jit
@@ -120,8 +139,7 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
         hi = tl.minimum(LK, tl.maximum(0, m0 + BLOCK_M + off))
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        ds = tl.load(DS + (offs_m // QB)[:, None] * LK + offs_n[None, :],
-                     mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0.0)
+        ds = _delta_s(DS, m0, offs_n, LK, NBLK, BLOCK_M, BLOCK_N, QB)
         if NATIVE:  # block-scaled FP4 MMA (untested: Blackwell)
             k_pk, k_sc = _packed(KP, KS, offs_n, 0, LK, DP // 2, DP // 2, DP // 16, BLOCK_N, BLOCK_D)
             z = (ds + tl.dot_scaled(q_pk, q_sc, "e2m1", tl.trans(k_pk), k_sc, "e2m1")) * c
@@ -155,14 +173,16 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
             div = sp8
         else:
             div = sp
-        y = tl.math.div_rn(pg, tl.broadcast_to(tl.where(div > 0, div, 1.0)[:, :, None], pg.shape))
-        y = tl.where(div[:, :, None] > 0, y, 0.0)
+        # P / s as P · (1/s), the IEEE reciprocal once per group (the Q/K/V quantizers' rule); 0 where s = 0
+        inv = tl.where(div > 0, tl.math.div_rn(tl.full(div.shape, 1.0, tl.float32), tl.where(div > 0, div, 1.0)),
+                       0.0)
+        y = pg * inv[:, :, None]
         if NATIVE:  # P packed in registers, V as stored (packed along tokens): block-scaled FP4 MMA
             p_pk = _pack_e2m1(tl.reshape(round_e2m1(y, EMULATE), (BLOCK_M, BLOCK_N)), BLOCK_M, BLOCK_N)
             v_pk, v_sc = _packed(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N)
             pv = tl.dot_scaled(p_pk, to_e4m3(tl.minimum(sp, 448.0), EMULATE), "e2m1", tl.trans(v_pk), v_sc, "e2m1")
         else:
-            pq = _mma_in(tl.reshape(round_e2m1(y, EMULATE) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
+            pq = _mma_in(tl.reshape(round_e2m1_pos(y) * sp8[:, :, None], (BLOCK_M, BLOCK_N)), EMULATE)
             v = _mma_in(_deq(VP, VS, rd, n0 // 2, DP, NK16 // 2, NK16 // 2, NK16 // 16, BLOCK_D, BLOCK_N), EMULATE)
             pv = tl.dot(pq, tl.trans(v))
         acc = acc * alpha[:, None] + pv
