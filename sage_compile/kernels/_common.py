@@ -77,14 +77,6 @@ def e2m1_f16(code):
     return bits.to(tl.int16).to(tl.float16, bitcast=True) * 16384.0
 
 
-@triton.jit
-def e2m1_value(code):
-    """4-bit code (int32) -> fp32 value."""
-    m = (code & 7).to(tl.float32)
-    mag = tl.where(m < 4.0, m * 0.5, tl.where(m < 6.0, m - 2.0, (m - 4.0) * 2.0))
-    return tl.where((code & 8) != 0, -mag, mag)
-
-
 CAUSAL_CODES = {"none": 0, "top_left": 1, "bottom_right": 2}
 
 
