@@ -8,7 +8,11 @@ Rows (``variant``): ``nvfp4`` (default: two-level P, Q+K smoothing, P / unrounde
 balancing) for scale. Sets: gaussian and
 outlier (B=1, H=4, N=1024, hd128, non-causal) and real SmolLM2-135M activations (every layer's q, k, v
 from one 2048-token held-back Shakespeare window, causal, GQA 9/3, hd64; see benchmarks/smollm2.py).
-Metrics vs fp64 attention: cos and rel-L1 (per layer, and the mean over layers).
+``default`` is what ``kernel="fp4"`` ships (:class:`sage_compile.Options`); on CUDA the row ``kernel`` is
+the Triton fp4 kernel itself (prologue + core ops, fp32 out) and ``kernel_vs_default`` its rel-L1 / cos
+distance to the ``default`` reference row (issue 4's goal 1: equal to accumulation-order noise).
+Metrics vs fp64 attention: cos and rel-L1 (per layer, and the mean over layers). Runs on the GPU when there
+is one (reference and kernel alike), else on the CPU.
 
     python benchmarks/ablation_fp4.py --out benchmarks/results/ablation_fp4.json
 """
@@ -27,7 +31,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
+def _shipped():
+    from sage_compile import Options
+
+    o = Options()
+    return dict(q_block=o.fp4_q_block, p_scale=o.fp4_p_scale, delta_s=o.fp4_delta_s, smooth_mode=o.fp4_smooth)
+
+
 VARIANTS = {
+    "default": _shipped(),
     "nvfp4": {},
     "mxfp4": dict(fmt="mxfp4"),
     "p_direct": dict(p_levels=1),
@@ -61,10 +73,25 @@ def run_set(name, q, k, v, causal, rows):
     for var, kw in VARIANTS.items():
         out[var] = fp4.attention_ablation(q, k, v, c, **kw)
     out["int8_fp8"] = int8_fp8.attention(*int8_fp8.quantize(q, k, v, "HND"), None, c, None, "HND", torch.float32)
+    if q.is_cuda:
+        out["kernel"] = kernel_fp4(q, k, v, c)
     for var, o in out.items():
         cs, l1 = cos_rel(o.double(), want)
         rows.append((name, var, cs, l1))
+    if "kernel" in out:
+        cs, l1 = cos_rel(out["kernel"].double(), out["default"].double())
+        rows.append((name, "kernel_vs_default", cs, l1))
     return out
+
+
+def kernel_fp4(q, k, v, causal):
+    """The fp4 scheme's two ops with the shipped options, fp32 out (HND)."""
+    import sage_compile  # noqa: F401  (registers the ops)
+
+    o = sage_compile.Options()
+    ops = torch.ops.sage_compile
+    qt = ops.quantize_fp4(q, k, v, "HND", o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block)
+    return ops.attention_fp4(*qt, None, causal, None, "HND", torch.float32, q.shape[-1], o.fp4_p_scale)
 
 
 def main():
@@ -77,7 +104,9 @@ def main():
     from helpers import outlier_inputs
 
     torch.manual_seed(0)
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    cuda = torch.cuda.is_available()
+    run_on = "cuda" if cuda else "cpu"
+    dev = torch.cuda.get_device_name() if cuda else "cpu"
     base = dict(device=dev, torch=torch.__version__,
                 commit=_commit(), date=datetime.date.today().isoformat(), command=" ".join(sys.argv), kernel="sage_fp4")
     recs, t0 = [], time.time()
@@ -92,15 +121,15 @@ def main():
              "outlier": outlier_inputs(1, 4, 1024, 128, g)}
     for name, (q, k, v) in synth.items():
         rows = []
-        run_set(name, q.bfloat16(), k.bfloat16(), v.bfloat16(), False, rows)
+        run_set(name, *(t.bfloat16().to(run_on) for t in (q, k, v)), False, rows)
         emit(rows, head_dim=128, seq_len=1024, heads=4, causal=False)
         line = " ".join(f"{v}={c:.4f}/{l:.3f}" for _, v, c, l in rows)
         print(f"[{time.time() - t0:4.0f}s] {name}: {line}", flush=True)
     if a.layers != "none":
         import smollm2
 
-        model, tok = smollm2.load()
-        ids = tok(smollm2.text("heldout")[:400000], return_tensors="pt").input_ids[:, 1000:1000 + a.ctx]
+        model, tok = smollm2.load(device=run_on)
+        ids = tok(smollm2.text("heldout")[:400000], return_tensors="pt").input_ids[:, 1000:1000 + a.ctx].to(run_on)
         caps = smollm2.capture_attention_inputs(model, ids)
         layers = range(len(caps)) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
         for li in layers:
@@ -111,7 +140,7 @@ def main():
                  causal=causal)
             print(f"[{time.time() - t0:4.0f}s] smollm2 layer {li}: " + " ".join(f"{v}={c:.4f}" for _, v, c, _ in rows),
                   flush=True)
-        for var in list(VARIANTS) + ["int8_fp8"]:
+        for var in sorted({r["variant"] for r in recs if r["inputs"] == "smollm2"}, key=_order):
             for metric in ("cos", "rel_l1"):
                 vals = [r["value"] for r in recs
                         if r["inputs"] == "smollm2" and r["variant"] == var and r["metric"] == metric]
@@ -126,6 +155,11 @@ def main():
     print("wrote", a.out)
 
 
+def _order(var):
+    names = list(VARIANTS) + ["int8_fp8", "kernel", "kernel_vs_default"]
+    return names.index(var) if var in names else len(names)
+
+
 def chart(recs, path):
     import matplotlib
 
@@ -133,19 +167,21 @@ def chart(recs, path):
     import matplotlib.pyplot as plt
 
     sets = [s for s in ("gaussian", "outlier", "smollm2_mean") if any(r["inputs"] == s for r in recs)]
-    variants = list(VARIANTS) + ["int8_fp8"]
+    variants = list(VARIANTS) + ["int8_fp8"] + (["kernel"] if any(r["variant"] == "kernel" for r in recs) else [])
     fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
     for ax, s in zip(axes[0], sets):
         vals = [next(r["value"] for r in recs if r["inputs"] == s and r["variant"] == v and r["metric"] == "cos")
                 for v in variants]
-        ax.bar(range(len(variants)), vals, color=["C0"] + ["C1"] * (len(variants) - 2) + ["C2"])
+        colors = {"default": "C0", "kernel": "C0", "int8_fp8": "C2"}
+        ax.bar(range(len(variants)), vals, color=[colors.get(v, "C1") for v in variants])
         ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=8)
         lo = min(vals)
         ax.set_ylim(max(0.0, lo - (1 - lo) * 0.3), 1.0)
         ax.set_title(f"{s}: cos vs fp64")
         for i, val in enumerate(vals):
             ax.text(i, val, f"{val:.4f}", ha="center", va="bottom", fontsize=6)
-    fig.suptitle("fp4 (SageAttention3 numerics) ablations, reference = kernel numerics")
+    fig.suptitle("fp4 (SageAttention3 numerics) ablations: reference numerics (default = shipped options), "
+                 "kernel = the Triton fp4 kernel")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -4,7 +4,9 @@
 
 TFLOP/s = 3.5 x forward FLOPs (4·B·H·N²·D, halved for causal) / time of forward + backward (issue 5's
 convention), ``triton.testing.do_bench`` median; the sage row includes its quantization prologues (forward
-and backward re-quantize Q, K, V). Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
+and backward re-quantize Q, K, V); ``int8_train`` with the paper's per-tile ψ(P), ψ(dS) scales,
+``int8_train_split`` with ``Options(int8_train_psi="split")`` (one scale per row of each matmul's operand).
+Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
 tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main():
                 date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
                 inputs="gaussian", heads=16)
     recs = []
+    tile, split = sage_compile.Options(int8_train_psi="tile"), sage_compile.Options(int8_train_psi="split")
 
     def sdpa(backend, causal):
         def f(q, k, v):
@@ -54,7 +57,9 @@ def main():
                 flops = 4 * b * 16 * n * n * hd * (0.5 if causal else 1.0)
                 fns = {
                     "int8_train": lambda q, k, v, c=causal: sage_compile.attention(
-                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train"),
+                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train", tile),
+                    "int8_train_split": lambda q, k, v, c=causal: sage_compile.attention(
+                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train", split),
                     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
                     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
                 }
@@ -76,12 +81,14 @@ def main():
                     recs.append(dict(base, variant="fwd_bwd", metric="fwd_bwd_tflops", value=row[name]))
                     recs.append(dict(base, variant="fwd_bwd", metric="ms", value=ms))
                     recs.append(dict(base, variant="fwd", metric="tops", value=flops / ms_f / 1e9))
-                ratio = row.get("int8_train", 0) / row["sdpa_cudnn"] if row.get("sdpa_cudnn") else float("nan")
+                ratios = {s: row[s] / row["sdpa_cudnn"] for s in ("int8_train", "int8_train_split")
+                          if row.get(s) and row.get("sdpa_cudnn")}
                 print(f"hd{hd} {'causal' if causal else 'full  '} N={n:6d} B={b:2d}  " +
-                      "  ".join(f"{k} {v:6.1f}" for k, v in row.items()) + f"  sage/cudnn {ratio:.2f}", flush=True)
-                if row.get("int8_train") and row.get("sdpa_cudnn"):
-                    recs.append(dict(meta, kernel="int8_train", variant="fwd_bwd", head_dim=hd, seq_len=n, batch=b,
-                                     causal=causal, metric="speedup", value=ratio, note="vs sdpa_cudnn"))
+                      "  ".join(f"{k} {v:6.1f}" for k, v in row.items()) +
+                      "".join(f"  {s}/cudnn {r:.2f}" for s, r in ratios.items()), flush=True)
+                for s, r in ratios.items():
+                    recs.append(dict(meta, kernel=s, variant="fwd_bwd", head_dim=hd, seq_len=n, batch=b,
+                                     causal=causal, metric="speedup", value=r, note="vs sdpa_cudnn"))
                 os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
                 with open(a.out, "w") as fh:
                     json.dump(recs, fh, indent=1)

@@ -55,7 +55,8 @@ def train(variant, data, steps, lr, device):
     torch.manual_seed(0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-    backend = sage_compile.make_backend(kernel="int8_train") if variant == "sage" else "inductor"
+    backend = ("inductor" if variant == "sdpa" else
+               sage_compile.make_backend(kernel="int8_train", int8_train_psi=PSI[variant]))
     sage_compile.debug.clear_reports()
     cm = torch.compile(model, backend=backend)
     losses, times = [], []
@@ -75,13 +76,17 @@ def train(variant, data, steps, lr, device):
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if step % 20 == 0 or step == steps - 1:
-            print(f"{variant:5s} step {step:4d} loss {loss.item():.4f} {times[-1] * 1e3:8.1f} ms", flush=True)
+            print(f"{variant:10s} step {step:4d} loss {loss.item():.4f} {times[-1] * 1e3:8.1f} ms", flush=True)
     rows = [r for rep in sage_compile.debug.last_reports() for r in rep]
     sites = f"{sum(r['decision'] == 'int8_train' for r in rows)}/{len(rows)} sites int8_train" if rows else "no sage sites"
     del cm, model, opt
     if device == "cuda":
         torch.cuda.empty_cache()
     return losses, times, sites
+
+
+PSI = {"sage": "tile", "sage_split": "split"}  # Options.int8_train_psi of each sage variant
+KERNELS = {"sdpa": "sdpa", "sage": "int8_train", "sage_split": "int8_train_split"}
 
 
 def main():
@@ -92,7 +97,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--variants", default="sdpa,sage")
+    ap.add_argument("--variants", default="sdpa,sage", help="sdpa, sage (ψ per tile), sage_split (ψ per row)")
     a = ap.parse_args()
     import triton
 
@@ -102,7 +107,7 @@ def main():
                 date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
                 model="smollm2-135m", seq_len=a.seq, batch=a.batch, inputs="shakespeare train split")
     recs, curves = [], {}
-    for variant, kernel in (("sdpa", "sdpa"), ("sage", "int8_train")):
+    for variant, kernel in KERNELS.items():
         if variant not in a.variants.split(","):
             continue
         losses, times, sites = train(variant, data, a.steps, a.lr, a.device)
@@ -116,11 +121,12 @@ def main():
         recs.append(dict(meta, kernel=kernel, variant="finetune_last20", metric="loss", value=last))
         print(f"{variant}: last-20 mean loss {last:.4f}, step {step_ms:.1f} ms, first step {times[0]:.1f} s, {sites}",
               flush=True)
-    if len(curves) == 2:
-        ratio = statistics.mean(curves["sage"][-20:]) / statistics.mean(curves["sdpa"][-20:])
-        recs.append(dict(meta, kernel="int8_train", variant="finetune_last20", metric="ratio", value=ratio,
-                         note="sage / sdpa mean loss over the last 20 steps (goal within 1 %)"))
-        print(f"last-20 loss ratio sage/sdpa {ratio:.4f}")
+    for v in ("sage", "sage_split"):
+        if v in curves and "sdpa" in curves:
+            ratio = statistics.mean(curves[v][-20:]) / statistics.mean(curves["sdpa"][-20:])
+            recs.append(dict(meta, kernel=KERNELS[v], variant="finetune_last20", metric="ratio", value=ratio,
+                             note=f"{v} / sdpa mean loss over the last 20 steps (goal within 1 %)"))
+            print(f"last-20 loss ratio {v}/sdpa {ratio:.4f}")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(recs, f, indent=1)
@@ -131,7 +137,8 @@ def main():
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4))
-        for v, lab in (("sdpa", "bf16 SDPA (inductor)"), ("sage", 'backend="sage" int8_train (SageBwd)')):
+        for v, lab in (("sdpa", "bf16 SDPA (inductor)"), ("sage", 'backend="sage" int8_train (SageBwd, ψ per tile)'),
+                       ("sage_split", 'backend="sage" int8_train, ψ per row (split)')):
             if v in curves:
                 ax.plot(curves[v], label=lab, lw=1)
         ax.set_xlabel("step")
