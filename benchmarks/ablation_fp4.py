@@ -35,7 +35,8 @@ def _shipped():
     from sage_compile import Options
 
     o = Options()
-    return dict(q_block=o.fp4_q_block, p_scale=o.fp4_p_scale, delta_s=o.fp4_delta_s, smooth_mode=o.fp4_smooth)
+    return dict(q_block=o.fp4_q_block, p_scale=o.fp4_p_scale, delta_s=o.fp4_delta_s, smooth_mode=o.fp4_smooth,
+                v_smooth=o.fp4_v_smooth)
 
 
 VARIANTS = {
@@ -90,7 +91,7 @@ def kernel_fp4(q, k, v, causal):
 
     o = sage_compile.Options()
     ops = torch.ops.sage_compile
-    qt = ops.quantize_fp4(q, k, v, "HND", o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block)
+    qt = ops.quantize_fp4(q, k, v, "HND", o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth)
     return ops.attention_fp4(*qt, None, causal, None, "HND", torch.float32, q.shape[-1], o.fp4_p_scale)
 
 

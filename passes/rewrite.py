@@ -107,8 +107,8 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
             elif dec.scheme == "fp4":
                 o = options
                 qt = emit("call_function", _prologue("fp4", options, site.device_type),
-                          (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block))
-                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(7)]
+                          (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth))
+                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(8)]
                 out = emit("call_function", ops.attention_fp4.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
             elif dec.scheme == "int8_train":

@@ -180,14 +180,15 @@ def _(q8, qs, k8, ks, v16, attn_mask, causal, scale, layout, out_dtype):
 # ------------------------------------------------------------------------------------------ fp4
 @torch.library.custom_op("sage_compile::quantize_fp4", mutates_args=())
 def quantize_fp4(q: Tensor, k: Tensor, v: Tensor, layout: str, delta_s: str = "fp32", smooth: str = "qk",
-                 q_block: int = 128) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 q_block: int = 128, v_smooth: bool = False
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SageAttention3 prologue: K and Q-block-mean smoothing (ΔS, ``q_block`` query rows per mean), NVFP4
-    Q/K (along D) and V (along N)."""
-    return _contig(impl_for("fp4", q.device.type).quantize(q, k, v, layout, delta_s, smooth, q_block))
+    Q/K (along D) and V (along N; minus its token mean with ``v_smooth``, returned last: (B, Hkv, D) fp32)."""
+    return _contig(impl_for("fp4", q.device.type).quantize(q, k, v, layout, delta_s, smooth, q_block, v_smooth))
 
 
 @quantize_fp4.register_fake
-def _(q, k, v, layout, delta_s="fp32", smooth="qk", q_block=128):
+def _(q, k, v, layout, delta_s="fp32", smooth="qk", q_block=128, v_smooth=False):
     b, hq, nq, d = _hnd(q, layout)
     _, hkv, nk, _ = _hnd(k, layout)
     dp = d + (-d) % 16
@@ -197,20 +198,20 @@ def _(q, k, v, layout, delta_s="fp32", smooth="qk", q_block=128):
     return (e((b, hq, nq, dp // 2), dtype=torch.uint8), e((b, hq, nq, dp // 16), dtype=f8),
             e((b, hkv, nk, dp // 2), dtype=torch.uint8), e((b, hkv, nk, dp // 16), dtype=f8),
             e((b, hkv, dp, nk16 // 2), dtype=torch.uint8), e((b, hkv, dp, nk16 // 16), dtype=f8),
-            e((b, hq, -(-nq // q_block), nk), dtype=torch.float32))
+            e((b, hq, -(-nq // q_block), nk), dtype=torch.float32), e((b, hkv, d), dtype=torch.float32))
 
 
 @torch.library.custom_op("sage_compile::attention_fp4", mutates_args=())
 def attention_fp4(qp: Tensor, qsc: Tensor, kp: Tensor, ksc: Tensor, vp: Tensor, vsc: Tensor, ds: Tensor,
-                  attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,
+                  vbar: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,
                   out_dtype: torch.dtype, head_dim: int, p_scale: str = "unrounded") -> Tensor:
-    """SageAttention3 core: NVFP4 QKᵀ + ΔS, two-level NVFP4 P, NVFP4 V."""
-    return impl_for("fp4", qp.device.type).attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale,
+    """SageAttention3 core: NVFP4 QKᵀ + ΔS, two-level NVFP4 P, NVFP4 V (plus V's token mean ``vbar``)."""
+    return impl_for("fp4", qp.device.type).attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask, causal, scale,
                                                      layout, out_dtype, head_dim, p_scale)
 
 
 @attention_fp4.register_fake
-def _(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask, causal, scale, layout, out_dtype, head_dim, p_scale="unrounded"):
+def _(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask, causal, scale, layout, out_dtype, head_dim, p_scale="unrounded"):
     b, h, n, _ = qp.shape
     return qp.new_empty(out_shape(b, h, n, head_dim, layout), dtype=out_dtype)
 
@@ -284,7 +285,7 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
     if scheme == "int8_fp16":
         return ops.attention_int8_fp16(*ops.quantize_int8_fp16(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
     if scheme == "fp4":
-        qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block)
+        qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth)
         return ops.attention_fp4(*qt, attn_mask, causal, scale, layout, q.dtype, q.shape[-1], o.fp4_p_scale)
     if scheme == "int8_train":
         if attn_mask is not None and causal != "none":

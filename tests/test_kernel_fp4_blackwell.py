@@ -21,7 +21,7 @@ _COMPILE = textwrap.dedent('''
     from sage_compile.kernels.fp4 import attention as KA
 
     ptr = {"QP": "*u8", "QS": "*fp8e4nv", "KP": "*u8", "KS": "*fp8e4nv", "VP": "*u8", "VS": "*fp8e4nv",
-           "DS": "*fp32", "MASK": "*fp32", "OUT": "*bf16", "c": "fp32"}
+           "DS": "*fp32", "VM": "*fp32", "MASK": "*fp32", "OUT": "*bf16", "c": "fp32"}
     ints = ["H", "GROUP", "LQ", "LK", "DP", "DV", "NK16", "NBLK", "smb", "smh", "smq", "smk", "sob", "soh", "son"]
     const = dict(CAUSAL=1, MASK_KIND=0, P_ROUNDED=True, BLOCK_M=128, BLOCK_N=128, BLOCK_D=128, P_OFF=KA.P_OFF,
                  EMULATE=False, QB=16, NATIVE=True)

@@ -39,17 +39,21 @@ def test_prologue_bit_identical(d, lk):
     q = torch.randn(1, 4, 150, d, generator=g).bfloat16()
     k = (torch.randn(1, 2, lk, d, generator=g) + 3 * torch.randn(1, 2, 1, d, generator=g)).bfloat16()
     v = torch.randn(1, 2, lk, d, generator=g).bfloat16()
-    for a, b in zip(KQ.quantize(q, k, v), R.quantize(q, k, v)):
-        assert a.shape == b.shape and a.dtype == b.dtype
-        assert torch.equal(bits(a), bits(b))
+    for vs in (False, True):
+        got, want = KQ.quantize(q, k, v, v_smooth=vs), R.quantize(q, k, v, v_smooth=vs)
+        assert len(got) == len(want) == 8
+        for a, b in zip(got, want):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            assert torch.equal(bits(a), bits(b))
 
 
 @pytest.mark.parametrize("causal", ["none", "top_left", "bottom_right"])
-@pytest.mark.parametrize("p_scale,q_block", [("unrounded", 128), ("rounded", 128), ("rounded", 16)])
-def test_core_matches_reference(causal, p_scale, q_block):
+@pytest.mark.parametrize("p_scale,q_block,v_smooth", [("unrounded", 128, False), ("rounded", 128, False),
+                                                       ("rounded", 16, True)])
+def test_core_matches_reference(causal, p_scale, q_block, v_smooth):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 4 if i == 0 else 2, 150 if i == 0 else 200, 64, generator=g).bfloat16() for i in range(3))
-    qt = R.quantize(q, k, v, q_block=q_block)
+    qt = R.quantize(q, k, v + 2.0, q_block=q_block, v_smooth=v_smooth)
     assert qt[6].shape[2] == -(-150 // q_block)
     out = KA.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale, config=dict(BLOCK_M=64))
     ref = R.attention(*qt, None, causal, None, "HND", torch.float32, 64, p_scale)
@@ -61,12 +65,16 @@ def test_core_matches_reference(causal, p_scale, q_block):
 def test_core_masks_padded_head_dim_nhd(kind):
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 70, 2, 40, generator=g) for _ in range(3))  # NHD, head dim 40 -> 48
-    qt = R.quantize(q, k, v, "NHD")
+    qt = R.quantize(q, k, v, "NHD", v_smooth=True)
     mask = torch.rand(2, 1, 70, 70, generator=g) > 0.4 if kind == "bool" else torch.randn(2, 2, 1, 70, generator=g)
+    if kind == "bool":
+        mask[:, :, 3] = False  # a row that sees no key: 0, not V's mean
     out = KA.attention(*qt, mask, "none", 0.3, "NHD", torch.bfloat16, 40, config=dict(BLOCK_M=64))
     ref = R.attention(*qt, mask, "none", 0.3, "NHD", torch.bfloat16, 40)
     assert out.shape == q.shape and out.dtype == torch.bfloat16
     assert ((out.float() - ref.float()).abs().sum() / ref.float().abs().sum()).item() < 5e-3
+    if kind == "bool":
+        assert not out[:, 3].any() and out[:, 4].any()
 
 
 def test_tile_dequant_exact_for_every_code_and_scale():

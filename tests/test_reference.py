@@ -215,6 +215,25 @@ def test_fp4_q_block_option_is_the_ablation_row(rng):
         fp4.quantize(q, k, v, q_block=48)
 
 
+def test_fp4_v_smooth_is_the_ablation_row_and_keeps_empty_rows_zero(rng):
+    """V smoothing: V quantized minus its token mean (returned last by quantize), the mean added back to
+    every row that sees a key; equal to the ablation's v_smooth row; rows a mask hides entirely stay 0."""
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 2, 200, 64, rng, hkv=1))
+    v = v + 3.0  # a V with a mean worth removing
+    qt = fp4.quantize(q, k, v, q_block=16, v_smooth=True)
+    assert len(qt) == 8 and torch.allclose(qt[7], v.float().mean(dim=2))
+    assert torch.equal(fp4.quantize(q, k, v)[7], torch.zeros(1, 1, 64))
+    got = fp4.attention(*qt, None, "top_left", None, "HND", torch.float32, 64)
+    assert torch.equal(got, fp4.attention_ablation(q, k, v, "top_left", q_block=16, v_smooth=True))
+    want = ref64(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), causal="top_left")
+    plain = fp4.attention(*fp4.quantize(q, k, v, q_block=16), None, "top_left", None, "HND", torch.float32, 64)
+    assert cos_rel(got, want)[1] < cos_rel(plain, want)[1]  # a shifted V: smoothing pays
+    mask = torch.ones(1, 1, 200, 200, dtype=torch.bool)
+    mask[..., 7, :] = False
+    o = fp4.attention(*qt, mask, "none", None, "HND", torch.float32, 64)
+    assert torch.equal(o[:, :, 7], torch.zeros_like(o[:, :, 7])) and o[:, :, 8].abs().sum() > 0
+
+
 def test_fp4_ablation_switches(rng):
     """The ablation path is the fp4 reference with its defaults; MXFP4 and no smoothing are measurably
     worse on the outlier set (the paper's ordering)."""

@@ -67,6 +67,7 @@ def run(
     device,
     chunk_elems: int = 1 << 24,
     lse_out: Optional[torch.Tensor] = None,
+    v_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Online softmax over key tiles; returns fp32 ``(B, Hq, Lq, Dv)`` normalised output.
 
@@ -77,6 +78,8 @@ def run(
         mask: None, or bool/additive tensor broadcastable to ``(B, Hq, Lq, lk)``.
         lse_out: optional fp32 ``(B, Hq, Lq)`` filled with the natural-log sum-exp of the scaled logits
             (what a backward pass needs); -inf on fully masked rows.
+        v_bias: optional fp32 ``(B, Hq, 1, Dv)`` added to every normalised row that sees a key (the V
+            token mean when V was quantized minus it).
     """
     b, h, lq, dv = shape
     out = torch.empty(shape, dtype=torch.float32, device=device)
@@ -102,7 +105,10 @@ def run(
             acc = alpha * acc + contrib
             m = m_new
         # fully masked rows (l == 0) give 0, as FlashAttention; NaN/Inf propagate (never a plausible output)
-        out[:, :, i0:i1] = torch.where(l == 0, torch.zeros_like(acc), acc / torch.where(l == 0, torch.ones_like(l), l))
+        o = acc / torch.where(l == 0, torch.ones_like(l), l)
+        if v_bias is not None:
+            o = o + v_bias
+        out[:, :, i0:i1] = torch.where(l == 0, torch.zeros_like(acc), o)
         if lse_out is not None:
             lse_out[:, :, i0:i1] = ((m + torch.log2(l) - p_offset) / LOG2E).squeeze(-1)
     return out

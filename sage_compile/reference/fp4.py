@@ -56,11 +56,14 @@ def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str =
     return _pad_last(qsm, GROUP), _pad_last(ksm, GROUP), ds
 
 
-def v_transposed(v: torch.Tensor, layout: str = "HND") -> torch.Tensor:
-    """V as ``(B, H, Dp, Nk16)`` fp32: transposed, head dim and tokens zero-padded to multiples of 16."""
-    vt = to_hnd(v, layout).float().transpose(-1, -2)
+def v_transposed(v: torch.Tensor, layout: str = "HND", v_smooth: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V as (B, H, Dp, Nk16) fp32, V's token mean (B, H, D) fp32)``: V transposed, minus its token mean
+    if ``v_smooth`` (else the mean is zeros), head dim and tokens zero-padded to multiples of 16."""
+    vh = to_hnd(v, layout).float()
+    vbar = vh.mean(dim=2) if v_smooth and vh.shape[2] else vh.new_zeros(vh.shape[0], vh.shape[1], vh.shape[3])
+    vt = (vh - vbar[:, :, None]).transpose(-1, -2) if v_smooth else vh.transpose(-1, -2)
     d = vt.shape[-2]
-    return F.pad(vt, (0, (-vt.shape[-1]) % GROUP, 0, (-d) % GROUP))
+    return F.pad(vt, (0, (-vt.shape[-1]) % GROUP, 0, (-d) % GROUP)), vbar
 
 
 Q_BLOCKS = (16, 32, 64, 128)
@@ -75,18 +78,20 @@ def q_block_of(lq: int, n_blocks: int) -> int:
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth_mode: str = "qk", q_block: int = BLOCK_M):
+             smooth_mode: str = "qk", q_block: int = BLOCK_M, v_smooth: bool = False):
     """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,Dp,Nk16/2) u8,
-    vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/q_block),Nk) f32)``; Dp = D rounded up to 16, Nk16 = Nk
-    rounded up to 16. See :func:`smooth` for the options; ``q_block`` in :data:`Q_BLOCKS` (ΔS takes
-    Nq·Nk·4/q_block bytes per head)."""
+    vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/q_block),Nk) f32, vbar (B,Hkv,D) f32)``; Dp = D rounded
+    up to 16, Nk16 = Nk rounded up to 16. See :func:`smooth` for the options; ``q_block`` in
+    :data:`Q_BLOCKS` (ΔS takes Nq·Nk·4/q_block bytes per head); ``v_smooth``: V is quantized minus its
+    token mean ``vbar`` (zeros when off), which the core adds back to each normalised row."""
     if q_block not in Q_BLOCKS:
         raise ValueError(f"sage_compile: fp4 q_block must be one of {Q_BLOCKS}, got {q_block}")
     qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode, q_block)
     qp, qsc = quant_nvfp4(qsm)
     kp, ksc = quant_nvfp4(ksm)
-    vp, vsc = quant_nvfp4(v_transposed(v, layout))
-    return qp, qsc, kp, ksc, vp, vsc, ds
+    vt, vbar = v_transposed(v, layout, v_smooth)
+    vp, vsc = quant_nvfp4(vt)
+    return qp, qsc, kp, ksc, vp, vsc, ds, vbar
 
 
 def quant_p(p: torch.Tensor, p_scale: str = "unrounded") -> torch.Tensor:
@@ -103,10 +108,11 @@ def quant_p(p: torch.Tensor, p_scale: str = "unrounded") -> torch.Tensor:
     return (round_e2m1(pg * inv) * sp8).flatten(-2)[..., :n]
 
 
-def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
+def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Tensor], causal: str,
               scale: Optional[float], layout: str, out_dtype: torch.dtype, head_dim: int,
               p_scale: str = "unrounded") -> torch.Tensor:
-    """Core; ``head_dim`` is the unpadded D (for the default scale and the output width)."""
+    """Core; ``head_dim`` is the unpadded D (for the default scale and the output width); ``vbar`` (V's
+    token mean, :func:`quantize`) is added to every row that sees a key."""
     b, hq, lq, _ = qp.shape
     lk = kp.shape[2]
     c = engine.default_scale(scale, head_dim) * engine.LOG2E
@@ -122,7 +128,8 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     def pv(p, j0, j1):
         return quant_p(p, p_scale) @ vf[:, :, :, j0:j1].transpose(-1, -2), p.sum(-1, keepdim=True)
 
-    o = engine.run((b, hq, lq, head_dim), lk, logits, pv, attn_mask, causal, BLOCK_N, P_OFFSET, qp.device)
+    o = engine.run((b, hq, lq, head_dim), lk, logits, pv, attn_mask, causal, BLOCK_N, P_OFFSET, qp.device,
+                   v_bias=engine.gqa_expand(vbar.float(), hq)[:, :, None, :head_dim])
     return from_hnd(o.to(out_dtype), layout)
 
 
@@ -144,8 +151,8 @@ def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     ``p_levels``: 2 = two-level P (row max -> 448·6, then per-group scales), 1 = direct (row max -> 1,
     per-group scales only). ``smooth_mode``/``p_scale``/``delta_s`` as in :func:`quantize` /
     :func:`attention`; ``q_block``: query rows per smoothing mean; ``v_smooth``: quantize V minus its
-    token mean and add the mean back after normalisation (exact: normalised P rows sum to 1). With the
-    defaults this is :func:`attention` of :func:`quantize` (tested)."""
+    token mean and add the mean back to each normalised row (exact in real arithmetic: normalised P rows
+    sum to 1). With the same options this is :func:`attention` of :func:`quantize` (tested)."""
     b, hq, lq, d = q.shape
     lk = k.shape[2]
     qsm, ksm, ds = smooth(q, k, "HND", delta_s, smooth_mode, q_block)
@@ -162,5 +169,5 @@ def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         return pq @ vf[:, :, :, j0:j1].transpose(-1, -2), p.sum(-1, keepdim=True)
 
     off = P_OFFSET if p_levels == 2 else 0.0
-    o = engine.run((b, hq, lq, d), lk, logits, pv, None, causal, BLOCK_N, off, q.device)
-    return o + engine.gqa_expand(vbar, hq) if v_smooth else o
+    return engine.run((b, hq, lq, d), lk, logits, pv, None, causal, BLOCK_N, off, q.device,
+                      v_bias=engine.gqa_expand(vbar, hq) if v_smooth else None)

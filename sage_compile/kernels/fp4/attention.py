@@ -8,7 +8,8 @@ speed: storage is 4.5 bits per value, the arithmetic is not faster than bf16.
 Per 128-key tile: S = ΔS + deq(Q)·deq(K)ᵀ; online softmax with the running row max mapped to 448·6
 (level 1); per 16-key group s_P = max P̃ / 6 rounded to E4M3, P̂ = E2M1(P̃ · (1/s)) (level 2; dividing by the
 unrounded s as upstream, or by the rounded one with ``p_scale="rounded"``); P̂·s_P times deq(V) added to
-an fp32 accumulator. Reference: :mod:`sage_compile.reference.fp4` (same tiling, BLOCK_N = 128).
+an fp32 accumulator; the output rows are acc / l plus V's token mean (``v_smooth``; zeros otherwise).
+Reference: :mod:`sage_compile.reference.fp4` (same tiling, BLOCK_N = 128).
 
 Blackwell (sm_100 / sm_120, ``NATIVE``): both matmuls go to ``tl.dot_scaled`` on the packed E2M1 operands
 with their E4M3 scales (P packed in registers), the same products and accumulation.
@@ -102,7 +103,7 @@ def _delta_s(DS, m0, offs_n, LK, NBLK, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
+def _fwd_body(QP, QS, KP, KS, VP, VS, DS, VM, MASK, OUT, c,
               H, GROUP, LQ, LK, DP, DV, NK16, NBLK,
               smb, smh, smq, smk, sob, soh, son,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, P_ROUNDED: tl.constexpr,
@@ -188,7 +189,8 @@ def _fwd_body(QP, QS, KP, KS, VP, VS, DS, MASK, OUT, c,
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    o = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_safe[:, None])
+    vm = tl.load(VM + bhk * DV + rd, mask=rd < DV, other=0.0)  # V's token mean (zeros without v_smooth)
+    o = tl.where(l_i[:, None] == 0.0, 0.0, acc / l_safe[:, None] + vm[None, :])
     tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], o.to(OUT.dtype.element_ty),
              mask=(offs_m[:, None] < LQ) & (rd[None, :] < DV))
 
@@ -201,7 +203,7 @@ def _configs():
 _fwd = triton.autotune(configs=_configs(), key=["DP", "CAUSAL", "MASK_KIND", "P_ROUNDED", "QB"])(_fwd_body)
 
 
-def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], causal: str,
+def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Tensor], causal: str,
               scale: Optional[float], layout: str, out_dtype: torch.dtype, head_dim: int,
               p_scale: str = "unrounded", config: Optional[dict] = None,
               native: Optional[bool] = None) -> torch.Tensor:
@@ -212,10 +214,11 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, attn_mask: Optional[torch.Tensor], 
     dp, nk16 = 2 * dp2, 2 * vp.shape[-1]
     c = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * LOG2E
     qp, qsc, kp, ksc, vp, vsc, ds = (t.contiguous() for t in (qp, qsc, kp, ksc, vp, vsc, ds))
+    vbar = vbar.float().contiguous()
     out, (sob, soh, son), mask, kind, ms = output_and_mask(b, hq, lq, lk, head_dim, layout, out_dtype, attn_mask,
                                                            qp.device, ds)
     block_d = max(16, triton.next_power_of_2(dp))
-    args = (qp, qsc, kp, ksc, vp, vsc, ds, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
+    args = (qp, qsc, kp, ksc, vp, vsc, ds, vbar, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
             *ms, sob, soh, son)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
                 BLOCK_D=block_d, P_OFF=P_OFF, EMULATE=EMULATE_FP8, QB=q_block_of(lq, ds.shape[2]),

@@ -5,7 +5,8 @@ E4M3_sat_RNE(amax/6), y = x · (1/scale) (IEEE reciprocal; 0 where the scale is 
 saturating, packed two per byte (low nibble first). Q and K are quantized along the head dim, V along
 tokens (rows = channels of V transposed). Bit-identical to
 :func:`sage_compile.reference.quant.quant_nvfp4` given the same input; the smoothing (token means, Q
-block means, ΔS) is the reference's own torch code (:func:`sage_compile.reference.fp4.smooth`).
+block means, ΔS, V's token mean with ``v_smooth``) is the reference's own torch code
+(:func:`sage_compile.reference.fp4.smooth`, :func:`~sage_compile.reference.fp4.v_transposed`).
 """
 from __future__ import annotations
 
@@ -62,12 +63,13 @@ def quant_nvfp4(x: torch.Tensor):
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth_mode: str = "qk", q_block: int = _ref.BLOCK_M):
+             smooth_mode: str = "qk", q_block: int = _ref.BLOCK_M, v_smooth: bool = False):
     """Same contract and bits as :func:`sage_compile.reference.fp4.quantize`."""
     if q_block not in _ref.Q_BLOCKS:
         raise ValueError(f"sage_compile: fp4 q_block must be one of {_ref.Q_BLOCKS}, got {q_block}")
     qsm, ksm, ds = _ref.smooth(q, k, layout, delta_s, smooth_mode, q_block)
     qp, qsc = quant_nvfp4(qsm)
     kp, ksc = quant_nvfp4(ksm)
-    vp, vsc = quant_nvfp4(_ref.v_transposed(v, layout))
-    return qp, qsc, kp, ksc, vp, vsc, ds
+    vt, vbar = _ref.v_transposed(v, layout, v_smooth)
+    vp, vsc = quant_nvfp4(vt)
+    return qp, qsc, kp, ksc, vp, vsc, ds, vbar
