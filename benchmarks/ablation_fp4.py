@@ -87,7 +87,8 @@ def run_set(name, q, k, v, causal, rows):
 
 def kernel_fp4(q, k, v, causal):
     """The fp4 scheme's two ops with the shipped options, fp32 out (HND)."""
-    import sage_compile  # noqa: F401  (registers the ops)
+    import sage_compile
+    import sage_compile.ops  # noqa: F401  (registers the ops)
 
     o = sage_compile.Options()
     ops = torch.ops.sage_compile
