@@ -39,11 +39,12 @@ class Options:
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
-    int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``tile`` (one per 128x64 tile, the
-        paper's) or ``split`` (one per row of each matmul's own operand: per query row for dQ, per key for
-        dK and dV; reference study, benchmarks/results/ablation_sagebwd.json, N=1024 hd128: dQ cos gaussian
-        0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 -> 0.9991). ``tile`` stays the
-        default until ``split`` is measured on the GPU.
+    int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``split`` (default: one per row of
+        each matmul's own operand — per query row for dQ, per key for dK and dV) or ``tile`` (one per
+        128x64 tile, the paper's). Reference study (benchmarks/results/ablation_sagebwd.json, N=1024 hd128):
+        dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 -> 0.9991. H200
+        (benchmarks/results/train_h200.json): forward+backward 3-8 % faster than ``tile`` (no whole-tile
+        max reductions); SmolLM2 fine-tune last-20 loss 1.0001x bf16 SDPA's (finetune_smollm2_split_h200.json).
     prologue: ``op`` (the prologue custom op: Triton kernels on CUDA) or ``graph`` (the prologue as plain
         torch ops in the graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm; on CPU
         it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` is
@@ -59,7 +60,7 @@ class Options:
     fp4_q_block: int = 16
     fp4_v_smooth: bool = True
     int8_channel_rescale: bool = True
-    int8_train_psi: str = "tile"
+    int8_train_psi: str = "split"
     switchable: bool = False
     prologue: str = "op"
 

@@ -219,7 +219,7 @@ def _(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask, causal, scale, layout, out
 # ------------------------------------------------------------------------------------------ int8_train
 @torch.library.custom_op("sage_compile::attention_train", mutates_args=())
 def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                    layout: str, psi: str = "tile") -> tuple[Tensor, Tensor]:
+                    layout: str, psi: str = "split") -> tuple[Tensor, Tensor]:
     """SageBwd forward (INT8 QKᵀ and PV): returns ``(O in layout, LSE fp32 (B, Hq, Nq))``; its autograd
     formula is the SageBwd backward (:func:`attention_train_backward`). ``attn_mask``: None, bool or
     additive, broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it). ``psi``: the backward's
@@ -232,7 +232,7 @@ def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]
 
 
 @attention_train.register_fake
-def _(q, k, v, attn_mask, causal, scale, layout, psi="tile"):
+def _(q, k, v, attn_mask, causal, scale, layout, psi="split"):
     b, hq, nq, _ = _hnd(q, layout)
     return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
 
@@ -240,7 +240,7 @@ def _(q, k, v, attn_mask, causal, scale, layout, psi="tile"):
 @torch.library.custom_op("sage_compile::attention_train_backward", mutates_args=())
 def attention_train_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
                              attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                             layout: str, psi: str = "tile") -> tuple[Tensor, Tensor, Tensor]:
+                             layout: str, psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
     """SageBwd backward: INT8 dV, dQ, dK; dO·Vᵀ in 16-bit; Q̂, K̂, V̂ re-quantized (same bits as forward)."""
     impl = impl_for("int8_train", q.device.type)
     dq, dk, dv = impl.backward(*impl.quantize(q, k, v, layout), o, lse, do, causal, scale, layout, q.dtype,
@@ -249,7 +249,7 @@ def attention_train_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Te
 
 
 @attention_train_backward.register_fake
-def _(q, k, v, o, lse, do, attn_mask, causal, scale, layout, psi="tile"):
+def _(q, k, v, o, lse, do, attn_mask, causal, scale, layout, psi="split"):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

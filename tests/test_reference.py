@@ -92,7 +92,7 @@ def test_query_chunking_is_exact(rng):
     full = int8_fp8.attention(*qt, None, "top_left", None, "HND", torch.float32)
     orig = engine.run.__defaults__
     try:
-        engine.run.__defaults__ = (1 << 10, None)  # tiny chunks (chunk_elems, lse_out)
+        engine.run.__defaults__ = (1 << 10,) + orig[1:]  # tiny chunks (chunk_elems; lse_out, v_bias as before)
         small = int8_fp8.attention(*qt, None, "top_left", None, "HND", torch.float32)
     finally:
         engine.run.__defaults__ = orig
