@@ -7,7 +7,10 @@ downloads), compiled several ways in one process (issue 7):
 
 Models: ``cogvideox`` = CogVideoX-2B's transformer (30 layers, 30 heads x 64, 49 frames at 480x720 ->
 13 x 30 x 45 = 17,550 video tokens + 226 text), ``flux`` = Flux-dev's (19 + 38 blocks, 24 heads x 128,
-1024² -> 4,096 image tokens + 512 text). Variants: ``eager``, ``inductor`` (SDPA as Inductor picks it),
+1024² -> 4,096 image tokens + 512 text), ``wan`` = Wan2.1-T2V-1.3B's (30 layers, 12 heads x 128, 81 frames
+at 480x832 -> 32,760 video tokens, cross-attention to 512 text tokens), ``hunyuan`` = HunyuanVideo blocks
+(its real width, 24 heads x 128, with 2 dual- and 4 single-stream blocks of its 20 + 40; 61 frames at
+544x960 -> 32,640 video tokens + 256 text, a text padding mask). Variants: ``eager``, ``inductor`` (SDPA as Inductor picks it),
 ``inductor_cudnn`` (the same under ``sdpa_kernel(CUDNN_ATTENTION)``),
 ``sage_<scheme>`` (``backend="sage"``, ``kernel=<scheme>``). Per variant: step latency
 (``triton.testing.do_bench`` median), compile time (first call), the attention kernels' share of the CUDA
@@ -79,6 +82,42 @@ def build(model: str, tiny: bool, device: str, batch: int):
                       timestep=torch.full((batch,), 0.5, device=device, dtype=dt), img_ids=ids,
                       txt_ids=torch.zeros(txt, 3, device=device), guidance=torch.full((batch,), 3.5, device=device, dtype=dt),
                       return_dict=False)
+        elif model == "wan":
+            from diffusers import WanTransformer3DModel
+
+            # Wan2.1-T2V-1.3B: 30 layers, 12 heads x 128; 81 frames at 480x832 -> latents 21 x 60 x 104,
+            # patches (1, 2, 2) -> 32,760 video tokens; 512 text tokens (cross-attention)
+            cfg = dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30, text_dim=4096,
+                       freq_dim=256)
+            f, h, w, txt = 21, 60, 104, 512
+            if tiny:
+                cfg.update(num_attention_heads=2, attention_head_dim=32, ffn_dim=64, num_layers=1, text_dim=32,
+                           freq_dim=16)
+                f, h, w, txt = 2, 8, 8, 16
+            m = WanTransformer3DModel(**cfg).to(dt).eval()
+            kw = dict(hidden_states=rnd(batch, 16, f, h, w), encoder_hidden_states=rnd(batch, txt, cfg["text_dim"]),
+                      timestep=torch.full((batch,), 500, dtype=torch.long, device=device), return_dict=False)
+        elif model == "hunyuan":
+            from diffusers import HunyuanVideoTransformer3DModel
+
+            # HunyuanVideo blocks: the real width (24 heads x 128, MLP 4x, token refiner) with 2 dual-stream
+            # and 4 single-stream blocks (the full 20 + 40 is 13B parameters); 61 frames at 544x960 ->
+            # latents 16 x 68 x 120, patches 2x2 -> 32,640 video tokens; 256 text tokens, the last 56 padding
+            # (encoder_attention_mask: attention with a key mask)
+            cfg = dict(num_attention_heads=24, attention_head_dim=128, num_layers=2, num_single_layers=4,
+                       num_refiner_layers=2, text_embed_dim=4096, pooled_projection_dim=768)
+            f, h, w, txt, pad = 16, 68, 120, 256, 56
+            if tiny:
+                cfg.update(num_attention_heads=2, attention_head_dim=32, num_layers=1, num_single_layers=1,
+                           num_refiner_layers=1, text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(8, 12, 12))
+                f, h, w, txt, pad = 2, 8, 8, 16, 4
+            m = HunyuanVideoTransformer3DModel(**cfg).to(dt).eval()
+            mask = torch.ones(batch, txt, dtype=torch.bool, device=device)
+            mask[:, txt - pad:] = False
+            kw = dict(hidden_states=rnd(batch, 16, f, h, w), encoder_hidden_states=rnd(batch, txt, cfg["text_embed_dim"]),
+                      encoder_attention_mask=mask, pooled_projections=rnd(batch, cfg["pooled_projection_dim"]),
+                      timestep=torch.full((batch,), 500, dtype=torch.long, device=device),
+                      guidance=torch.full((batch,), 6000.0, device=device, dtype=dt), return_dict=False)
         else:
             raise ValueError(model)
     return m, kw
@@ -126,7 +165,7 @@ def attention_share(fn, device) -> tuple[float, float, float]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="cogvideox", choices=["cogvideox", "flux"])
+    ap.add_argument("--model", default="cogvideox", choices=["cogvideox", "flux", "wan", "hunyuan"])
     ap.add_argument("--variants", default="eager,inductor,sage_int8_fp8")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--device", default="cuda")
