@@ -98,4 +98,10 @@ def decide(site, config, device_type: str) -> Decision:
                      "prologue op")
     if scheme == "fp4" and site.head_dim % 16:
         notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
+    if device_type != "cpu":
+        from . import ops
+
+        if not ops.has_fast_impl(scheme, device_type):
+            notes.append(f"no {scheme} kernel on {device_type}: the pure-PyTorch reference runs (same numerics, "
+                         "O(N²) work in many small ops: far slower than SDPA at long sequences)")
     return Decision(scheme, why, tuple(notes))

@@ -308,3 +308,19 @@ def test_policy_int8_train_head_dim_limit_on_cuda():
     assert policy.decide(site, cfg, "cpu").scheme == "int8_train"
     site.head_dim = site.head_dim_v = 128
     assert policy.decide(site, cfg, "cuda").scheme == "int8_train"
+
+
+def test_policy_notes_a_scheme_without_kernel_on_the_device():
+    """A scheme that has no kernel on the site's device runs the reference there: the report says so."""
+    from types import SimpleNamespace
+
+    from sage_compile import config, ops, policy
+
+    site = SimpleNamespace(reject_reason=None, dropout_p=0.0, dtype=torch.bfloat16, head_dim=64, head_dim_v=64,
+                           dtypes=(torch.bfloat16,) * 3, hq=4, hkv=4, mask_kind="none", causal="none",
+                           requires_grad=False)
+    dec = policy.decide(site, config.resolve(kernel="int8_fp16"), "cuda")
+    assert dec.scheme == "int8_fp16" and any("no int8_fp16 kernel on cuda" in n for n in dec.notes)
+    assert not any("kernel on" in n for n in policy.decide(site, config.resolve(kernel="int8_fp16"), "cpu").notes)
+    if ops.has_fast_impl("int8_fp8", "cuda"):  # registered where triton imports
+        assert not any("kernel on" in n for n in policy.decide(site, config.resolve(kernel="int8_fp8"), "cuda").notes)
