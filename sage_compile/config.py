@@ -32,9 +32,10 @@ class Options:
         (the only setting past issue 4's 0.99; gaussian 0.9818 -> 0.9823, outlier 0.935 -> 0.940,
         benchmarks/results/ablation_fp4.json) for a ΔS of Nq·Nk/16 fp32 per head (N=16K: 64 MB per head).
         fp4_v_smooth: quantize V minus its token mean and add the mean back to each output row (beyond
-        SageAttention3; on by default): with 16-row Q blocks, SmolLM2's mean cos 0.9901 -> 0.9906, outlier
-        0.9398 -> 0.9400, SmolLM2 perplexity (CPU reference, 2K, 6 windows) +2.86 % -> +2.51 % vs bf16
-        SDPA; gaussian 0.98232 -> 0.98213 (zero-mean V gains nothing) (benchmarks/results/ablation_fp4.json).
+        SageAttention3; on by default): with 16-row Q blocks, SmolLM2's mean cos 0.99015 -> 0.99062, outlier
+        0.93977 -> 0.93997, gaussian 0.98232 -> 0.98222 (zero-mean V gains nothing; H200,
+        benchmarks/results/ablation_fp4.json); SmolLM2 perplexity (CPU reference, 2K, 6 windows) +3.34 % ->
+        +2.99 % vs exact (benchmarks/results/ppl_smollm2_cpu_fp4_vsmooth.json).
     int8_channel_rescale: balance Q/K channel ranges before INT8 quantization (``int8_fp8``), on by
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
