@@ -1,7 +1,8 @@
 """SageAttention3 (fp4) accuracy ablations on the reference numerics — the same numbers the kernel
 computes (GPU tests: kernel vs reference rel-L1 <= 7e-6 on every set) — so the study runs on any device.
 
-Rows (``variant``): ``nvfp4`` (default: two-level P, Q+K smoothing, P / unrounded scale, ΔS fp32),
+Rows (``variant``): ``default`` (the shipped options), ``nvfp4`` (SageAttention3 as published, every
+other row's base: two-level P, Q+K smoothing over 128-row Q blocks, P / unrounded scale, ΔS fp32),
 ``mxfp4``, ``p_direct`` (one-level P), ``smooth_none``, ``smooth_k``, ``p_scale_rounded``,
 ``delta_s_input`` (ΔS rounded to bf16, as upstream), beyond the paper ``q_block_32`` / ``q_block_16``
 (finer Q smoothing) and ``v_smooth`` (V minus its token mean), plus ``int8_fp8`` (per-token, no channel
