@@ -41,6 +41,10 @@ def main():
     recs = []
     tile, split = sage_compile.Options(int8_train_psi="tile"), sage_compile.Options(int8_train_psi="split")
 
+    def sage(opts, causal):
+        return lambda q, k, v: sage_compile.attention(q, k, v, None, "top_left" if causal else "none", None, "HND",
+                                                      "int8_train", opts)
+
     def sdpa(backend, causal):
         def f(q, k, v):
             with sdpa_kernel([backend]):
@@ -56,10 +60,8 @@ def main():
                 do = torch.randn(b, 16, n, hd, device="cuda", dtype=torch.bfloat16)
                 flops = 4 * b * 16 * n * n * hd * (0.5 if causal else 1.0)
                 fns = {
-                    "int8_train": lambda q, k, v, c=causal: sage_compile.attention(
-                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train", tile),
-                    "int8_train_split": lambda q, k, v, c=causal: sage_compile.attention(
-                        q, k, v, None, "top_left" if c else "none", None, "HND", "int8_train", split),
+                    "int8_train": sage(tile, causal),
+                    "int8_train_split": sage(split, causal),
                     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
                     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
                 }

@@ -157,8 +157,8 @@ def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     lk = k.shape[2]
     qsm, ksm, ds = smooth(q, k, "HND", delta_s, smooth_mode, q_block)
     qf, kf = _fake(qsm, fmt), engine.gqa_expand(_fake(ksm, fmt), hq)
-    vbar = v.float().mean(dim=2, keepdim=True) if v_smooth else torch.zeros_like(v[:, :, :1], dtype=torch.float32)
-    vf = engine.gqa_expand(_fake((v.float() - vbar).transpose(-1, -2), fmt), hq)  # (B, Hq, D, Nk)
+    vt, vbar = v_transposed(v, "HND", v_smooth)  # zero-padded (exact: zero channels / tokens add nothing)
+    vf = engine.gqa_expand(_fake(vt, fmt)[..., :d, :lk], hq)  # (B, Hq, D, Nk)
     dsx = ds.repeat_interleave(q_block, dim=2)[:, :, :lq]
     c = engine.default_scale(scale, d) * engine.LOG2E
     def logits(i0, i1, j0, j1):
@@ -170,4 +170,4 @@ def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 
     off = P_OFFSET if p_levels == 2 else 0.0
     return engine.run((b, hq, lq, d), lk, logits, pv, None, causal, BLOCK_N, off, q.device,
-                      v_bias=engine.gqa_expand(vbar, hq) if v_smooth else None)
+                      v_bias=engine.gqa_expand(vbar, hq)[:, :, None] if v_smooth else None)
