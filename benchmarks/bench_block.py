@@ -124,7 +124,10 @@ def main():
     import triton
 
     import sage_compile
+    from sage_compile import policy
     from sage_compile.debug import last_reports
+
+    policy.GRAPH_PROLOGUE_DEVICES = tuple(sorted(set(policy.GRAPH_PROLOGUE_DEVICES) | {"cuda"}))  # "fused" is measured
 
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):

@@ -3,7 +3,8 @@
 Every kernel's quantizer must produce exactly these bits given the same (smoothed) input
 (``shared/docs/conventions.md``, tolerance rule 1). Scale divisions use a tensor divisor: torch on CUDA
 turns division by a Python scalar into a multiplication by its reciprocal (an ulp off, measured on the
-H200), which would make a GPU run of this module disagree with the CPU. Conventions:
+H200), which would make a GPU run of this module disagree with the CPU; Inductor does the same to a constant
+divisor on GPUs (:func:`_div_exact` hides the constant). Conventions:
 
 * All arithmetic in fp32. Scales are fp32 tensors (INT8, FP8) or ``float8_e4m3fn`` tensors (NVFP4).
 * Rounding is IEEE round-to-nearest-even with saturation (the CUDA ``cvt.rn[i].sat`` behaviour).
@@ -26,9 +27,14 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def _div_exact(a: torch.Tensor, c: float) -> torch.Tensor:
-    """a / c correctly rounded on every device (torch on CUDA turns division by a Python scalar into a
-    multiplication by its reciprocal; a tensor divisor keeps IEEE division)."""
-    return a / torch.full_like(a, c)
+    """a / c correctly rounded on every device, eager or compiled.
+
+    Eager torch on CUDA turns division by a Python scalar into a multiplication by its reciprocal, and so
+    does Inductor on GPUs for any divisor it can prove constant (``div_prim``; a ``full_like`` included):
+    an ulp off for some inputs (measured on the H200: the graph prologue's INT8 scales). The divisor here
+    is ``c`` wherever ``a`` is not NaN (and NaN where ``a`` is, where the quotient is NaN anyway), so the
+    result is exactly ``a / c``, but the divisor depends on ``a`` and no compiler folds it into a constant."""
+    return a / torch.where(torch.isnan(a), a, torch.full_like(a, c))
 
 
 def _safe_div(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
