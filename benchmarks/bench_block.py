@@ -15,7 +15,8 @@ RoPE on all tokens, 512 text tokens). N = image/video tokens; batch 1; bf16.
 Per variant: the module's time (``triton.testing.do_bench`` median, ms), and from one profiled iteration
 its CUDA kernel time split by kernel name into ``gemm`` (projections), ``core`` (the attention kernel) and
 ``other`` (QK-norm, RoPE, the quantization prologue, elementwise); ``attention`` = core + other = what the
-projections do not take. Also the first call's wall time (compile) and the output's cos / rel-L1 vs the
+projections do not take; ``prologue`` = other minus the ``cudnn`` variant's other (what the quantization
+adds: its kernels and the producers' extra cost), also as ``prologue_pct`` of the attention part. Also the first call's wall time (compile) and the output's cos / rel-L1 vs the
 ``default`` variant. Records follow shared/docs/conventions.md with a ``part`` field.
 """
 from __future__ import annotations
@@ -34,7 +35,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import _commit  # noqa: E402
 
-_CORE = re.compile(r"sdpa|flash|fmha|attention|_fwd_body|attn", re.I)
+# attention cores: SDPA's kernels, our Triton core (_fwd_body) and CUDA core (sage_sm90::fwd_kernel); never an
+# Inductor-generated kernel (triton_poi/per/red_fused_..., whose names list the ATen ops they fuse)
+_CORE = re.compile(r"sdpa|flash|fmha|attention|cudnn|_fwd_body|fwd_kernel|attn", re.I)
+_INDUCTOR = re.compile(r"^triton_(poi|per|red)_")
 _GEMM = re.compile(r"gemm|nvjet|cutlass|xmma|sm90_|splitk|cublas", re.I)
 
 
@@ -108,7 +112,8 @@ def kernel_split(fn) -> dict:
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         t = e.device_time / 1e3  # us -> ms
-        part = "core" if _CORE.search(e.name) else "gemm" if _GEMM.search(e.name) else "other"
+        part = ("core" if _CORE.search(e.name) and not _INDUCTOR.search(e.name)
+                else "gemm" if _GEMM.search(e.name) else "other")
         split[part] += t
         names[e.name[:90]] = (part, round(names.get(e.name[:90], (part, 0.0))[1] + t, 4))
     return split, names
@@ -124,10 +129,8 @@ def main():
     import triton
 
     import sage_compile
-    from sage_compile import policy
     from sage_compile.debug import last_reports
 
-    policy.GRAPH_PROLOGUE_DEVICES = tuple(sorted(set(policy.GRAPH_PROLOGUE_DEVICES) | {"cuda"}))  # "fused" is measured
 
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
@@ -147,7 +150,7 @@ def main():
     for model in a.models.split(","):
         for n in (int(s) for s in a.n.split(",")):
             m, kw, heads, hd = build(model, n, "cuda")
-            ref = None
+            ref, base_other = None, None
             for (kernel, variant), (backend, ctx) in variants().items():
                 torch._dynamo.reset()
                 c = torch.compile(m, backend=backend)
@@ -175,6 +178,8 @@ def main():
                 cos = torch.nn.functional.cosine_similarity(y.double(), ref.double(), dim=0).item()
                 rel = ((y - ref).abs().sum() / ref.abs().sum()).item()
                 attn = split["core"] + split["other"]
+                if variant == "cudnn":
+                    base_other = split["other"]
                 print(f"{model:9s} N={n:6d} {kernel:10s} {variant:8s} {ms:8.3f} ms  compile {compile_s:6.1f} s  "
                       f"gemm {split['gemm']:.3f} core {split['core']:.3f} other {split['other']:.3f} "
                       f"(attention {attn:.3f})  cos {cos:.5f} rel-L1 {rel:.4f}", flush=True)
@@ -188,6 +193,11 @@ def main():
                 for part in ("gemm", "core", "other"):
                     rec(**base, part=part, metric="ms", value=split[part])
                 rec(**base, part="attention", metric="ms", value=attn)
+                if kernel == "int8_fp8" and base_other is not None:
+                    pro = split["other"] - base_other
+                    print(f"      prologue {pro:.3f} ms = {100 * pro / attn:.1f} % of the attention part", flush=True)
+                    rec(**base, part="prologue", metric="ms", value=pro)
+                    rec(**base, part="prologue", metric="prologue_pct", value=100 * pro / attn)
                 rec(**base, part="block", metric="compile_s", value=compile_s)
                 rec(**base, part="block", metric="cos", value=cos)
                 rec(**base, part="block", metric="rel_l1", value=rel)

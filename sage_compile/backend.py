@@ -48,9 +48,8 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
     cfg = _config.resolve(**explicit)
     rewrite_graph(gm, cfg)
     patches = dict(torch._inductor.list_mode_options(mode)) if mode else {}
-    if cfg.options.prologue == "graph" and _compat.inductor_division_rounding_key():
-        # the quantizers' divisions must round like the prologue op's (IEEE), not Triton's approximate '/'
-        patches[_compat.inductor_division_rounding_key()] = True
+    if cfg.options.prologue == "graph":
+        patches.update(_compat.graph_prologue_inductor_patches())
     patches.update(options)
     compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return _guard_config(compiled, cfg.fingerprint(), explicit)

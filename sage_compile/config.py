@@ -63,7 +63,7 @@ class Options:
     int8_channel_rescale: bool = True
     int8_train_psi: str = "split"
     switchable: bool = False
-    prologue: str = "op"
+    prologue: str = "graph"
 
     def encode(self) -> str:
         """The numeric options as a string (an argument of the composed op)."""

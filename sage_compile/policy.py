@@ -18,10 +18,10 @@ IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 
 
 # prologue="graph" (the quantizer as graph ops Inductor fuses with RoPE / QK-norm) is honoured on these device
-# types only. On CUDA (H200, torch 2.11) the block benchmark measured wrong outputs for CogVideoX's attention
-# (step cos 0.85 / 0.88 / 0.93 vs eager at 1K / 4K / 16K tokens; Flux's right, 0.9996) and no gain at 16K
-# (benchmarks/results/block_h200.json), so CUDA sites keep the prologue op until that is understood.
-GRAPH_PROLOGUE_DEVICES = ("cpu",)
+# types. CUDA needs two Inductor options (sage_compile._compat.graph_prologue_inductor_patches, set by the
+# backend): IEEE division, and stride padding off (on torch 2.11 it read a per-token scale buffer with padded
+# strides that had been written unpadded: CogVideoX's attention came out wrong, benchmarks/diag_graph_prologue.py).
+GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
 
 
 def graph_prologue(options, device_type: str) -> bool:
@@ -94,8 +94,7 @@ def decide(site, config, device_type: str) -> Decision:
         return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
     notes = []
     if config.options.prologue == "graph" and scheme != "int8_train" and not graph_prologue(config.options, device_type):
-        notes.append(f"prologue='graph' is not used on {device_type} (wrong outputs measured there, issue 8): "
-                     "prologue op")
+        notes.append(f"prologue='graph' is not used on {device_type} (not validated there): prologue op")
     if scheme == "fp4" and site.head_dim % 16:
         notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
     if device_type != "cpu":

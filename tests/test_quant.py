@@ -127,3 +127,18 @@ def test_smoothing_never_in_place_and_exact_identity():
     s_full = q @ ks.transpose(-1, -2)
     s_split = qs @ ks.transpose(-1, -2) + (qbar @ ks.transpose(-1, -2)).repeat_interleave(128, 2)[:, :, :300]
     assert torch.allclose(s_full, s_split, atol=1e-4)
+
+
+def test_smoothed_amax_is_the_amax_of_the_smoothed_tensor_bit_for_bit():
+    """max/min of k then the mean subtracted = amax |k - mean| exactly (rounding is monotonic), with
+    outlier channels, a constant channel (mean rounding past its values) and NaN."""
+    g = torch.Generator().manual_seed(5)
+    k = torch.randn(2, 3, 777, 64, generator=g).bfloat16()
+    k[..., 3] += 40
+    k[..., 5] = 0.1  # all equal: fl(mean) may differ from the values, |k - mean| is one tiny number
+    k[1, 2, 100, 7] = float("nan")
+    ksm, mean = Q.smooth_k(k)
+    want = ksm.abs().amax(dim=-2, keepdim=True)
+    got = Q.smoothed_amax(k, mean)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 1
+    assert torch.equal(got.nan_to_num(-1).view(torch.int32), want.nan_to_num(-1).view(torch.int32))

@@ -15,7 +15,7 @@ import torch
 
 from . import engine
 from .layout import from_hnd, to_hnd
-from .quant import channel_balance, quant_fp8_v, quant_int8, smooth_k, to_e4m3
+from .quant import channel_balance, quant_fp8_v, quant_int8, smooth_k, smoothed_amax, to_e4m3
 
 BLOCK_N = 128
 P_OFFSET = math.log2(448.0)
@@ -32,19 +32,20 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     v8 (B,Hkv,D,Nk) float8_e4m3fn, vs (B,Hkv,D) f32)``.
     """
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    ksm, _ = smooth_k(k)
+    ksm, mean = smooth_k(k)
     qf = q.float()
     if channel_rescale:
-        qf, ksm = rescale_channels(qf, ksm)
+        qf, ksm = rescale_channels(qf, ksm, smoothed_amax(k, mean))
     q8, qs = quant_int8(qf, 1)
     k8, ks = quant_int8(ksm, 1)
     v8, vs = quant_fp8_v(v)
     return q8, qs, k8, ks, v8, vs
 
 
-def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor, k_amax: Optional[torch.Tensor] = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(Q·diag(s), K·diag(1/s)) with s from :func:`channel_balance` (fp32 in, fp32 out)."""
-    s = channel_balance(qf, ksm)
+    s = channel_balance(qf, ksm, k_amax)
     return qf * engine.gqa_expand(s, qf.shape[1]), ksm / s
 
 

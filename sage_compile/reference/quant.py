@@ -17,6 +17,8 @@ Tensor layouts: token-major tensors are ``(..., N, D)``; the group a scale cover
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 E4M3_MAX = 448.0
@@ -56,6 +58,21 @@ def smooth_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return kf - mean, mean
 
 
+def smoothed_amax(k: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``|k - mean|.amax(dim=-2)`` from k's own channel max and min, bit for bit: rounding is monotonic,
+    so max_t fl(k_t - m) = fl(max_t k_t - m) (and likewise for the min). Compiled, the max/min share one
+    reduction pass over k with its mean instead of a second pass over the smoothed tensor (the prologue
+    op's kernels do the same).
+
+    Args:
+        k: ``(B, H, N, D)``; mean: ``(B, H, 1, D)`` fp32 (:func:`smooth_k`).
+    Returns:
+        ``(B, H, 1, D)`` fp32; NaN where a channel holds a NaN.
+    """
+    kf = k.float()
+    return torch.maximum(kf.amax(dim=-2, keepdim=True) - mean, mean - kf.amin(dim=-2, keepdim=True))
+
+
 def smooth_q_blocks(q: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """Q per-block mean smoothing (SageAttention3): subtract the mean of each ``block`` consecutive rows.
 
@@ -77,21 +94,22 @@ def smooth_q_blocks(q: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, to
     return qf - qbar.repeat_interleave(block, dim=-2)[..., :n, :], qbar
 
 
-def channel_balance(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def channel_balance(q: torch.Tensor, k: torch.Tensor, k_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Per-channel factors s that move K's outlier channels into Q: S = (Q·diag(s))·(K·diag(1/s))ᵀ.
 
     s[c] = sqrt(amax_K[c] / amax_Q[c]) per (batch, kv head) (SmoothQuant with α = 0.5), the Q amax taken
     over every query head that shares the kv head (GQA); 1 where either amax is 0 or not finite.
 
     Args:
-        q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)`` (already smoothed), both fp32.
+        q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)`` (already smoothed), both fp32. ``k_amax``: K's
+        ``(B, Hkv, 1, D)`` channel amax when the caller has it (:func:`smoothed_amax`).
     Returns:
         ``(B, Hkv, 1, D)`` fp32.
     """
     b, hq, nq, d = q.shape
     hkv = k.shape[1]
     aq = q.unflatten(1, (hkv, hq // hkv)).abs().amax(dim=(2, 3))[:, :, None, :]
-    ak = k.abs().amax(dim=-2, keepdim=True)
+    ak = k.abs().amax(dim=-2, keepdim=True) if k_amax is None else k_amax
     ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
     # the square root taken in fp64 and rounded once: correctly rounded on every device (torch's fp32 CPU
     # sqrt is not: 1 ulp off for ~17 % of random inputs), as the kernels' IEEE sqrt
