@@ -46,11 +46,13 @@ class Options:
         dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 -> 0.9991. H200
         (benchmarks/results/train_h200.json): forward+backward 3-8 % faster than ``tile`` (no whole-tile
         max reductions); SmolLM2 fine-tune last-20 loss 1.0001x bf16 SDPA's (finetune_smollm2_split_h200.json).
-    prologue: ``op`` (the prologue custom op: Triton kernels on CUDA) or ``graph`` (the prologue as plain
-        torch ops in the graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm; on CPU
-        it becomes one kernel with them, bit-identical to the op given identical inputs). ``graph`` is
-        opt-in and honoured on CPU only: on the H200 it gave wrong outputs on CogVideoX's attention and no
-        gain at 16K tokens (benchmarks/results/block_h200.json; :data:`sage_compile.policy.GRAPH_PROLOGUE_DEVICES`).
+    prologue: ``graph`` (default: the prologue as plain torch ops in the graph, so Inductor fuses it with
+        the ops producing q/k/v — RoPE, QK-norm; compiled with IEEE division and stride padding off,
+        :func:`sage_compile._compat.graph_prologue_inductor_patches`) or ``op`` (the prologue custom op:
+        Triton kernels on CUDA). Same quantized values given the same inputs (the graph quantizes the
+        producers' unrounded fp32 values). H200 (benchmarks/results/block_h200.json): the graph saves host
+        time (CogVideoX-2B block at 4K tokens 1.85 -> 0.89 ms), equal GPU time at 16K on CogVideoX, 3 %
+        slower on Flux there; the first compile takes about twice as long (e2e_cogvideox_graph_h200.json).
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """

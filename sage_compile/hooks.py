@@ -2,7 +2,9 @@
 
 torch >= 2.13: ``torch.compiler.set_default_backend("sage")`` (plain ``torch.compile(m)`` uses sage).
 torch 2.11 (or ``SAGE_COMPILE_HOOK=pregrad``): an Inductor ``pre_grad_custom_pass`` that chains any pass
-already installed, with a cache uuid covering this package's sources and the configuration.
+already installed, with a cache uuid covering this package's sources and the configuration. A pass cannot
+set the Inductor options the graph prologue needs (:func:`sage_compile._compat.graph_prologue_inductor_patches`),
+so sites rewritten there always get the prologue op.
 """
 from __future__ import annotations
 
@@ -10,6 +12,13 @@ import hashlib
 import os
 
 from . import _compat
+
+
+def _op_prologue(cfg):
+    """``cfg`` with the prologue op: inside Inductor's passes the graph prologue's options cannot be set."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, options=dataclasses.replace(cfg.options, prologue="op"))
 
 
 def _make_pass_class():
@@ -26,7 +35,7 @@ def _make_pass_class():
             from .backend import rewrite_graph
 
             if not getattr(graph, "_sage_compile_done", False):  # backend="sage" already rewrote it
-                rewrite_graph(graph, config.resolve())
+                rewrite_graph(graph, _op_prologue(config.resolve()))
             if self.previous is not None:
                 self.previous(graph)
 
@@ -40,7 +49,7 @@ def _make_pass_class():
                     if f.endswith(".py"):
                         with open(os.path.join(dirpath, f), "rb") as fh:
                             h.update(fh.read())
-            h.update(repr(config.resolve().fingerprint()).encode())
+            h.update(repr(_op_prologue(config.resolve()).fingerprint()).encode())
             prev = getattr(self.previous, "uuid", None)
             h.update(repr(prev() if callable(prev) else None).encode())
             return h.hexdigest()

@@ -82,7 +82,7 @@ def test_pregrad_pass_chains_existing_pass_and_uninstalls():
             finally:
                 hooks.uninstall_global()
             assert ic.pre_grad_custom_pass is prev
-    assert seen and seen[0] >= 2  # the previous pass ran after ours and saw the sage ops
+    assert seen and seen[0] >= 2  # the previous pass ran after ours and saw the sage ops (prologue op + core)
 
 
 def test_mode_and_options_reach_inductor(monkeypatch):
@@ -104,7 +104,11 @@ def test_mode_and_options_reach_inductor(monkeypatch):
     got.clear()
     with torch.no_grad():
         torch.compile(f, backend="sage", options={"sage_kernel": "int8_fp8", "epilogue_fusion": False})(torch.randn(1, 2, 8, 16))
-    assert got == {"epilogue_fusion": False} and counters["sage_compile"]["scheme:int8_fp8"] == 1
+    from sage_compile import _compat
+
+    # the user's option, and the graph prologue's own (IEEE division, no stride padding)
+    assert got == {"epilogue_fusion": False, **_compat.graph_prologue_inductor_patches()}
+    assert got["comprehensive_padding"] is False and counters["sage_compile"]["scheme:int8_fp8"] == 1
 
 
 def test_config_change_after_compilation_raises_never_stale():

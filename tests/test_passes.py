@@ -250,7 +250,9 @@ def test_dump_dir_and_report(tmp_path):
     after = next(dump.glob("*_after.py")).read_text()
     before = next(dump.glob("*_before.py")).read_text()
     assert "scaled_dot_product_attention" in before and "scaled_dot_product_attention" not in after
-    assert "sage_compile.attention_int8_fp8" in after and "sage_compile.quantize_int8_fp8" in after
+    # the default graph prologue: the reference quantizer's code in the graph, then the core op
+    assert "sage_compile.attention_int8_fp8" in after and "sage_compile.quantize_int8_fp8" not in after
+    assert "reference_int8_fp8_quantize" in after
     txt = next(dump.glob("*_report.txt")).read_text()
     assert "replaced 1/1" in txt and "test_passes.py" in txt and "NHD" in txt
 
