@@ -16,8 +16,8 @@ Per variant: the module's time (``triton.testing.do_bench`` median, ms), and fro
 its CUDA kernel time split by kernel name into ``gemm`` (projections), ``core`` (the attention kernel) and
 ``other`` (QK-norm, RoPE, the quantization prologue, elementwise); ``attention`` = core + other = what the
 projections do not take; ``prologue`` = other minus the ``cudnn`` variant's other (what the quantization
-adds: its kernels and the producers' extra cost), also as ``prologue_pct`` of the attention part. Also the first call's wall time (compile) and the output's cos / rel-L1 vs the
-``default`` variant. Records follow shared/docs/conventions.md with a ``part`` field.
+adds: its kernels and the producers' extra cost), also as ``prologue_pct`` of the attention part. Also the
+first call's wall time (compile) and the output's cos / rel-L1 vs the ``default`` variant. Records follow shared/docs/conventions.md with a ``part`` field.
 """
 from __future__ import annotations
 
@@ -130,7 +130,6 @@ def main():
 
     import sage_compile
     from sage_compile.debug import last_reports
-
 
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):

@@ -60,9 +60,9 @@ def smooth_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def smoothed_amax(k: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """``|k - mean|.amax(dim=-2)`` from k's own channel max and min, bit for bit: rounding is monotonic,
-    so max_t fl(k_t - m) = fl(max_t k_t - m) (and likewise for the min). Compiled, the max/min share one
-    reduction pass over k with its mean instead of a second pass over the smoothed tensor (the prologue
-    op's kernels do the same).
+    so max_t fl(k_t - m) = fl(max_t k_t - m) (and likewise for the min). The max/min read k itself, so a
+    compiler can reduce them in the mean's pass instead of a second pass over the smoothed tensor (the
+    prologue op's kernels compute the range this way).
 
     Args:
         k: ``(B, H, N, D)``; mean: ``(B, H, 1, D)`` fp32 (:func:`smooth_k`).
