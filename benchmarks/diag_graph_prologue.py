@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import math
 import os
-import sys
 
 import torch
 
 import sage_compile
-from sage_compile import _compat, ops, policy
+from sage_compile import _compat, ops
 from sage_compile.reference import int8_fp8 as R
 from sage_compile.reference import quant as RQ
 
@@ -128,10 +126,10 @@ def flat(o):
 def section_attn(configs, code_dir):
     from torch._inductor.utils import run_and_get_code
 
+    from sage_compile.kernels._common import bhn_strides
     from sage_compile.kernels.int8_fp8 import attention as KA
     from sage_compile.kernels.int8_fp8 import cuda as KC
 
-    policy.GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
     for dim, heads, n, txt in configs:
         print(f"===== attn: CogVideoX attn1 dim {dim}, {heads} heads x 64, {txt} text + {n} video tokens")
         m, kw = cogvideox(dim, heads, n, txt)
@@ -171,7 +169,6 @@ def section_attn(configs, code_dir):
                 why = KC.unsupported(cap[0], cap[2], cap[6], cap[10], cap[8])
                 if why is None:
                     o = torch.empty_like(res["triton"])
-                    from sage_compile.kernels._common import bhn_strides
                     res["cuda"] = KC.attention(*cap[:6], cap[7], cap[8], o, bhn_strides(o, cap[9]))
                 else:
                     print(f"   cuda core not usable: {why}")

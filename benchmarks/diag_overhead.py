@@ -97,9 +97,8 @@ def graph():
     from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
 
     import sage_compile
-    from sage_compile import _compat, policy
+    from sage_compile import _compat
 
-    policy.GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
     torch.manual_seed(0)
     m = CogVideoXBlock(dim=256, num_attention_heads=4, attention_head_dim=64, time_embed_dim=64).attn1
     m = m.cuda().bfloat16().eval()
