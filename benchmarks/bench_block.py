@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--models", default="cogvideox,flux")
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--verbose", action="store_true", help="print every kernel with its class")
+    ap.add_argument("--dump", default=None, help="write the Inductor code of each sage variant under this folder")
     a = ap.parse_args()
     import triton
 
@@ -157,7 +158,15 @@ def main():
                 try:
                     with ctx():
                         t0 = time.perf_counter()
-                        out = c(**kw)
+                        if a.dump and kernel == "int8_fp8":
+                            from torch._inductor.utils import run_and_get_code
+
+                            out, code = run_and_get_code(c, **kw)
+                            os.makedirs(a.dump, exist_ok=True)
+                            with open(os.path.join(a.dump, f"{model}_{n}_{variant}.py"), "w") as f:
+                                f.write("\n\n".join(code))
+                        else:
+                            out = c(**kw)
                         torch.cuda.synchronize()
                         compile_s = time.perf_counter() - t0
                         fn = lambda: c(**kw)  # noqa: E731
