@@ -47,22 +47,10 @@ def graph_prologue_inductor_patches() -> dict:
       per-token scale buffer that feeds the core op (``(B, H, N)`` fp32 with N = 1250) was written
       unpadded (stride 1250) and read padded (stride 1280) by the next fused kernel: wrong INT8 values
       for every sequence length N > 1024 not a multiple of 32 (generated code of
-      ``benchmarks/diag_graph_prologue.py``, H200, CogVideoX's 226 + 1024 tokens).
-    * ``realize_reads_threshold`` 4 -> 8: Inductor stores a value that several kernels use when it reads
-      more than that many buffers. The scaled Q that the per-token quantizer reads three times (amax, NaN
-      check, rounding) reads RoPE's inputs (the normed q, the rotated halves, cos, sin) plus the channel
-      factors: five in CogVideoX's attention, up to seven in Flux's (where the RMSNorm is inlined too), so
-      at 4 Inductor wrote it out in fp32 (a 4-byte store and re-read per element); at 8 it recomputes
-      the producers inside the quantizing kernel (generated code, ``tests/test_prologue_fusion.py``).
-    This option changes no value, only what is stored; it holds for the whole graph. (Not covered: in
-    Flux's attention, compiled after another graph in the same process, K's unclamped quantized values
-    still come out as an fp32 buffer, stored because the expression exceeds ``realize_opcount_threshold``;
-    raising that one too made CogVideoX's worse, on the CPU's realization choices.)"""
+      ``benchmarks/diag_graph_prologue.py``, H200, CogVideoX's 226 + 1024 tokens)."""
     import torch._inductor.config as c
 
     patches = {}
-    if getattr(c, "realize_reads_threshold", 8) < 8:
-        patches["realize_reads_threshold"] = 8
     key = inductor_division_rounding_key()
     if key is not None:
         patches[key] = True
