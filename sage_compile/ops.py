@@ -119,7 +119,7 @@ def _contig(ts):
 def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str,
                       channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SageAttention2 prologue: K smoothing, (optional Q/K channel balancing), per-token INT8 Q/K,
-    per-channel FP8 V (transposed)."""
+    per-channel FP8 V (transposed, keys padded with zeros to a multiple of 16)."""
     return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
 
 
@@ -130,7 +130,8 @@ def _(q, k, v, layout, channel_rescale=False):
     e = q.new_empty
     return (e((b, hq, nq, d), dtype=torch.int8), e((b, hq, nq), dtype=torch.float32),
             e((b, hkv, nk, d), dtype=torch.int8), e((b, hkv, nk), dtype=torch.float32),
-            e((b, hkv, d, nk), dtype=torch.float8_e4m3fn), e((b, hkv, d), dtype=torch.float32))
+            e((b, hkv, d, nk + (-nk) % _ref_int8_fp8.V_KEY_MULTIPLE), dtype=torch.float8_e4m3fn),
+            e((b, hkv, d), dtype=torch.float32))
 
 
 @torch.library.custom_op("sage_compile::attention_int8_fp8", mutates_args=())

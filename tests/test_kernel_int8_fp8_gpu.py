@@ -35,7 +35,7 @@ def test_prologue_bit_identical_on_gpu(d):
     # the CPU reference defines the bits: torch on CUDA divides by a Python scalar via its reciprocal
     mean = KQ.k_mean(k).cpu()
     q, k, v = q.cpu(), k.cpu(), v.cpu()
-    want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v))
+    want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v, 16))
     names = ("q8", "qs", "k8", "ks", "v8", "vs")
     # the channel-balanced prologue, given the GPU's channel factors (conventions.md: bit-identical given
     # identical smoothed inputs); the factors themselves agree to rounding (torch's CUDA sqrt/division)

@@ -159,27 +159,31 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def quant_fp8_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_fp8_v(v: torch.Tensor, key_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel FP8 E4M3 quantization of V (SageAttention2): one scale per (batch, head, channel).
 
     scale[d] = amax over all tokens of |V[:, d]| / 448; value = e4m3_sat(V / scale).
 
     Args:
         v: ``(B, H, N, D)``.
+        key_multiple: the token axis of the values is padded with zeros to a multiple of this
+            (16 for the cores: TMA row strides are multiples of 16 bytes).
     Returns:
-        ``(values float8_e4m3fn (B, H, D, N)`` — transposed, tokens contiguous, the K-major operand the
-        FP8 PV matmul wants — ``, fp32 scales (B, H, D))``.
+        ``(values float8_e4m3fn (B, H, D, Np)`` — transposed, tokens contiguous, the K-major operand the
+        FP8 PV matmul wants; Np = N rounded up to ``key_multiple``, zeros past N — ``, fp32 scales (B, H, D))``.
     """
     vf = v.float()
     amax = vf.abs().amax(dim=-2)
     amax = torch.where(torch.isnan(vf).any(dim=-2), torch.full_like(amax, float("nan")), amax)
     scale = _div_exact(amax, E4M3_MAX)
-    vals = to_e4m3(_safe_div(vf, scale[..., None, :]))
-    return vals.transpose(-1, -2).contiguous(), scale
+    y = _safe_div(vf, scale[..., None, :])
+    if key_multiple > 1:
+        y = torch.nn.functional.pad(y, (0, 0, 0, (-v.shape[-2]) % key_multiple))
+    return to_e4m3(y).transpose(-1, -2).contiguous(), scale
 
 
 def dequant_fp8_v(vals: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`quant_fp8_v`: returns fp32 ``(B, H, N, D)``."""
+    """Inverse of :func:`quant_fp8_v`: returns fp32 ``(B, H, Np, D)`` (the padded tokens are zeros)."""
     return (vals.float() * scale[..., :, None]).transpose(-1, -2)
 
 

@@ -84,7 +84,7 @@ def _configs():
 
 
 @triton.jit
-def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.constexpr, klo, khi, coff, smq, smk,
+def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.constexpr, klo, khi, coff, svd, smq, smk,
            MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
            P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, PV: tl.constexpr):
     """All key tiles this query block sees (keys in [klo, khi), causally n <= m + coff): the tiles every
@@ -97,19 +97,19 @@ def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.con
     f1 = tl.maximum(f0, tl.minimum(f1, hi))
     for n0 in range(lo, e0, BLOCK_N):
         acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
-                              D, LK, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+                              D, svd, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
     for n0 in tl.range(f0, f1, BLOCK_N, warp_specialize=WS):
         acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
-                              D, LK, smq, smk, MASK_KIND, False, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+                              D, svd, smq, smk, MASK_KIND, False, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
     for n0 in range(f1, hi, BLOCK_N):
         acc, m_i, l_i = _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D, klo, khi, coff,
-                              D, LK, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
+                              D, svd, smq, smk, MASK_KIND, True, BLOCK_N, BLOCK_D, P_OFF, EMULATE, PV)
     return acc, m_i, l_i
 
 
 @triton.jit
 def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, FLAG, KRANGE, OUT, c,
-              sqb, sqh, skb, skh, svb, svh, smb, smh, smq, smk, sob, soh, son,
+              sqb, sqh, skb, skh, svb, svh, svd, smb, smh, smq, smk, sob, soh, son,
               H, GROUP, LQ, LK, D: tl.constexpr,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
@@ -148,14 +148,14 @@ def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, FLAG, KRANGE, OUT, c,
             if flag == 1:
                 coff = zero + (LK - LQ)
             acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
-                                   smq, smk, 0, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
+                                   svd, smq, smk, 0, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
         else:
             acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
-                                   smq, smk, 1, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
+                                   svd, smq, smk, 1, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
     else:
         acc, m_i, l_i = _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D, klo, khi, coff,
-                               smq, smk, MASK_KIND, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
-    vs = tl.load(VS + (b * (svb // LK) + hk * (svh // LK)) + rd, mask=rd < D, other=0.0)
+                               svd, smq, smk, MASK_KIND, BLOCK_M, BLOCK_N, BLOCK_D, P_OFF, EMULATE, WS, PV)
+    vs = tl.load(VS + (b * (svb // svd) + hk * (svh // svd)) + rd, mask=rd < D, other=0.0)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None] * vs[None, :]
     o = tl.where(l_i[:, None] == 0.0, 0.0, o)
@@ -233,7 +233,7 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
         kind = 3
     block_d = max(32, triton.next_power_of_2(d))
     args = (q8, qs, k8, ks, v8, vs, mask, flag, krange, out, c, q8.stride(0), q8.stride(1), k8.stride(0),
-            k8.stride(1), v8.stride(0), v8.stride(1), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
+            k8.stride(1), v8.stride(0), v8.stride(1), v8.stride(2), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8)
 
     def run_triton():

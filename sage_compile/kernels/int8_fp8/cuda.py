@@ -130,9 +130,10 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
     mod = load() if module is None else module
     lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-    if lk % 16:  # TMA row strides are multiples of 16 bytes: pad V^T's keys (and K's scales) with zeros
-        vp = torch.zeros(*v8.shape[:3], lk + (-lk) % 16, dtype=v8.dtype, device=v8.device)
-        vp[..., :lk] = v8
+    nv = v8.shape[3]  # the prologue pads V^T's keys to 16 (no copy here); other callers may not
+    if nv % 16:  # TMA row strides are multiples of 16 bytes: pad V^T's keys with zeros
+        vp = torch.zeros(*v8.shape[:3], nv + (-nv) % 16, dtype=v8.dtype, device=v8.device)
+        vp[..., :nv] = v8
         v8 = vp
     if lk % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
         ks = torch.nn.functional.pad(ks, (0, (-lk) % 4))

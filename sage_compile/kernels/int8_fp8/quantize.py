@@ -1,4 +1,5 @@
-"""Triton prologue of ``int8_fp8``: per-token INT8 Q and (smoothed) K, per-channel FP8 V transposed.
+"""Triton prologue of ``int8_fp8``: per-token INT8 Q and (smoothed) K, per-channel FP8 V transposed (its
+tokens padded with zeros to a multiple of 16).
 
 Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (conventions.md rule 1):
 IEEE-exact divisions (``div_rn``), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
@@ -11,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, rne, to_e4m3
 
@@ -64,16 +66,18 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
 
 
 @triton.jit
-def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  EMULATE: tl.constexpr):
+    """V / scale as E4M3, stored transposed (B, H, D, NP); tokens N..NP-1 (the padding) are zeros."""
     v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
     sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
     safe = tl.where(sc == 0.0, 1.0, sc)
     y = tl.math.div_rn(v, tl.broadcast_to(safe[None, :], v.shape))
     y = tl.where(sc[None, :] == 0.0, 0.0, y)
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    # transposed store: (B, H, D, N), tokens contiguous (the K-major operand of the FP8 PV matmul)
-    tl.store(Y + bh * D * N + rd[None, :] * N + rn[:, None], to_e4m3(y, EMULATE), mask=inb)
+    # transposed store: (B, H, D, NP), tokens contiguous (the K-major operand of the FP8 PV matmul)
+    tl.store(Y + bh * D * NP + rd[None, :] * NP + rn[:, None], to_e4m3(y, EMULATE),
+             mask=(rn[:, None] < NP) & (rd[None, :] < D))
 
 
 def _grid_rows(n, bh, block):
@@ -144,16 +148,18 @@ def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor)
     return s
 
 
-def quant_v_fp8(v_hnd: torch.Tensor):
-    """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,N), fp32 scales (B,H,D))."""
+def quant_v_fp8(v_hnd: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
+    """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,Np), fp32 scales (B,H,D)); Np = N
+    rounded up to ``key_multiple``, zeros past N (:func:`sage_compile.reference.quant.quant_fp8_v`)."""
     b, h, n, d = v_hnd.shape
+    npad = n + (-n) % key_multiple
     vmin, vmax = torch.aminmax(v_hnd, dim=-2)  # = |V|'s amax (exactly) without writing |V|
     amax = torch.maximum(vmax, -vmin).abs().float()  # (abs: a column of -0.0 gives +0.0, as |V| would)
     scale = (amax / torch.full_like(amax, 448.0)).contiguous()  # IEEE division (see reference.quant)
-    y = torch.empty((b, h, d, n), dtype=torch.float8_e4m3fn, device=v_hnd.device)
+    y = torch.empty((b, h, d, npad), dtype=torch.float8_e4m3fn, device=v_hnd.device)
     block_d = max(16, triton.next_power_of_2(d))
     block_n = max(1, min(64, 8192 // block_d))
-    _quant_v_fp8[_grid_rows(n, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, d,
+    _quant_v_fp8[_grid_rows(npad, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, npad, d,
                                                 BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
     return y, scale
 
