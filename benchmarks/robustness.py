@@ -12,6 +12,11 @@ Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
   ``unique_graphs``) at the first call and recompiles after it, for sage and, as the model's own baseline,
   for Inductor; outputs vs eager. (Not 3 frames: the model's configured length, where CogVideoX's patch
   embedding takes a Python branch of its own, so Dynamo specialises on it under any backend.)
+- ``dynamic_llm``: the same on a transformers Llama at SmolLM2-135M's width (9 heads x 64, 3 KV heads, 4 of
+  its 30 layers, random weights), three sequence lengths (1024/1500/2047 tokens, causal): sage must compile
+  one graph and never recompile. (CogVideoX's own recompiles, under Inductor too: its patch embedding
+  rebuilds the sincos table for each new frame count from Python ints and writes it through
+  ``.data[...].copy_``, so Dynamo specialises on the frame count.)
 - ``batch``: default dynamism, batch 1 -> 2 -> 3: graphs compiled for sage vs Inductor (automatic dynamic
   shapes recompile once, then stay dynamic).
 - ``pipeline``: an unmodified diffusers script (``CogVideoXPipeline`` with random weights, its transformer
@@ -51,6 +56,19 @@ def build(tiny: bool, device: str):
     torch.manual_seed(0)
     m = CogVideoXTransformer3DModel(**cfg).to(device, torch.bfloat16).eval()
     return m, cfg
+
+
+def build_llm(tiny: bool, device: str):
+    """A transformers Llama at SmolLM2-135M's width with 4 layers (or a tiny one), random weights, bf16."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
+               num_key_value_heads=3, max_position_embeddings=8192, tie_word_embeddings=True)
+    if tiny:
+        cfg.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                   num_key_value_heads=2)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).to(device, torch.bfloat16).eval()
 
 
 def inputs(cfg, device, frames: int, batch: int = 1, seed: int = 0):
@@ -99,7 +117,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--kernel", default="int8_fp8")
-    ap.add_argument("--items", default="no_grad,inference_mode,reduce_overhead,dynamic,batch,pipeline")
+    ap.add_argument("--items", default="no_grad,inference_mode,reduce_overhead,dynamic,dynamic_llm,batch,pipeline")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     dev = a.device
@@ -161,6 +179,15 @@ def main():
     if "dynamic" in items:
         rec("dynamic", *_recompiles(m, be, [inputs(cfg, dev, fr, seed=fr) for fr in (4, 5, 7)], goal,
                                    "3 lengths (latent frames 4/5/7)", dynamic=True))
+
+    if "dynamic_llm" in items:
+        llm = build_llm(a.tiny, dev)
+        lens = (40, 77, 130) if a.tiny else (1024, 1500, 2047)
+        xs = [dict(input_ids=torch.randint(0, llm.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+                   .to(dev)) for n in lens]
+        rec("dynamic_llm", *_recompiles(llm, be, xs, goal, f"Llama ({'tiny' if a.tiny else 'SmolLM2 width'}, {llm.config.num_hidden_layers} "
+                                       f"layers), 3 lengths ({'/'.join(map(str, lens))} tokens)", dynamic=True))
+        del llm
 
     if "batch" in items:
         rec("batch", *_recompiles(m, be, [inputs(cfg, dev, 3, batch=b, seed=10 + b) for b in (1, 2, 3)], goal,

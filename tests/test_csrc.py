@@ -154,3 +154,16 @@ def test_sources_ship_as_package_data():
     paths = cuda.source_paths()
     assert [os.path.basename(p) for p in paths] == list(cuda.SOURCES)
     assert all(os.path.exists(p) for p in paths)
+
+
+@pytest.mark.parametrize("shape,dtype", [((2, 3, 13, 64), torch.int8), ((2, 3, 13), torch.float32),
+                                         ((1, 2, 5, 3), torch.int8), ((2, 1, 16, 64), torch.int8)])
+def test_token_padding_for_the_tensor_maps(shape, dtype):
+    """The wrapper's K / K-scale padding (whole groups of 4 keys) equals a zero pad, through any word size."""
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 50).to(dtype)
+    got = cuda.pad_tokens(x, 4)
+    pad = (0, 0) * (len(shape) - 3) + (0, (-shape[2]) % 4)
+    assert got.shape[2] == shape[2] + (-shape[2]) % 4 and got.is_contiguous()
+    assert torch.equal(got, torch.nn.functional.pad(x.float(), pad).to(dtype))

@@ -136,11 +136,28 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
         vp[..., :nv] = v8
         v8 = vp
     if lk % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
-        ks = torch.nn.functional.pad(ks, (0, (-lk) % 4))
-        k8 = torch.nn.functional.pad(k8, (0, 0, 0, (-lk) % 4))
+        ks, k8 = pad_tokens(ks, 4), pad_tokens(k8, 4)
     coff = 0 if causal == "top_left" else lk - lq
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
             out, lk, c, causal != "none", coff, *out_strides)
+    return out
+
+
+def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``x`` (B, H, N, ...) with zero tokens appended along dim 2 up to a multiple of ``multiple``. The copy
+    moves 8-byte words where a token's bytes allow (torch's strided copy of int8 elements ran at a tenth of
+    the bandwidth: 0.07 ms for CogVideoX's K at 16K tokens, H200 run 21)."""
+    b, h, n = x.shape[:3]
+    pad = (-n) % multiple
+    if pad == 0:
+        return x
+    out = x.new_empty((b, h, n + pad, *x.shape[3:]))
+    row = x.element_size() * math.prod(x.shape[3:])  # bytes per token
+    word = next(t for t in (torch.int64, torch.int32, torch.int16, torch.uint8) if row % t.itemsize == 0)
+    src = x.contiguous().reshape(b * h, -1).view(torch.uint8).view(word)
+    dst = out.reshape(b * h, -1).view(torch.uint8).view(word)
+    dst[:, :src.shape[1]].copy_(src)
+    dst[:, src.shape[1]:].zero_()
     return out
 
 
