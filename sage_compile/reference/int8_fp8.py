@@ -37,18 +37,20 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     ksm, mean = smooth_k(k)
     qf = q.float()
-    if channel_rescale:
-        qf, ksm = rescale_channels(qf, ksm, smoothed_amax(k, mean))
+    if channel_rescale:  # Q's channel amax read in q's own dtype (exact): a compiled graph then keeps the
+        # producer's output (RoPE, QK-norm) in that dtype for the reduction and the quantizer, not in fp32
+        qf, ksm = rescale_channels(qf, ksm, smoothed_amax(k, mean), q)
     q8, qs = quant_int8(qf, 1)
     k8, ks = quant_int8(ksm, 1)
     v8, vs = quant_fp8_v(v, V_KEY_MULTIPLE)
     return q8, qs, k8, ks, v8, vs
 
 
-def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor, k_amax: Optional[torch.Tensor] = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Q·diag(s), K·diag(1/s)) with s from :func:`channel_balance` (fp32 in, fp32 out)."""
-    s = channel_balance(qf, ksm, k_amax)
+def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor, k_amax: Optional[torch.Tensor] = None,
+                     q: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q·diag(s), K·diag(1/s)) with s from :func:`channel_balance` (fp32 in, fp32 out); ``q``: the same
+    Q in its own dtype (``qf = q.float()``), for the channel amax (same bits)."""
+    s = channel_balance(qf if q is None else q, ksm, k_amax)
     return qf * engine.gqa_expand(s, qf.shape[1]), ksm / s
 
 

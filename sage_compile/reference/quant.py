@@ -101,14 +101,15 @@ def channel_balance(q: torch.Tensor, k: torch.Tensor, k_amax: Optional[torch.Ten
     over every query head that shares the kv head (GQA); 1 where either amax is 0 or not finite.
 
     Args:
-        q: ``(B, Hq, Nq, D)``; k: ``(B, Hkv, Nk, D)`` (already smoothed), both fp32. ``k_amax``: K's
+        q: ``(B, Hq, Nq, D)`` (fp32, or its own dtype: the amax is exact in either); k: ``(B, Hkv, Nk, D)``
+        (already smoothed), fp32. ``k_amax``: K's
         ``(B, Hkv, 1, D)`` channel amax when the caller has it (:func:`smoothed_amax`).
     Returns:
         ``(B, Hkv, 1, D)`` fp32.
     """
     b, hq, nq, d = q.shape
     hkv = k.shape[1]
-    aq = q.unflatten(1, (hkv, hq // hkv)).abs().amax(dim=(2, 3))[:, :, None, :]
+    aq = q.unflatten(1, (hkv, hq // hkv)).abs().amax(dim=(2, 3))[:, :, None, :].float()
     ak = k.abs().amax(dim=-2, keepdim=True) if k_amax is None else k_amax
     ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
     # the square root taken in fp64 and rounded once: correctly rounded on every device (torch's fp32 CPU
