@@ -1,6 +1,8 @@
 """Every torch-version difference in one place (torch 2.11 and 2.13 are supported)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 TORCH_VERSION = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
@@ -57,6 +59,44 @@ def graph_prologue_inductor_patches() -> dict:
     if hasattr(c, "comprehensive_padding"):
         patches["comprehensive_padding"] = False
     return patches
+
+
+def prologue_choices_class():
+    """:class:`sage_compile._prologue_choices.PrologueChoices`, or None where this torch lacks Inductor's
+    ``InductorChoices.should_use_persistent_reduction`` hook or ``V.set_choices_handler``."""
+    try:
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+    except ImportError:
+        return None
+    import inspect
+
+    hook = inspect.getattr_static(InductorChoices, "should_use_persistent_reduction", None)
+    if not isinstance(hook, staticmethod) or not hasattr(V, "set_choices_handler"):
+        return None
+    if list(inspect.signature(hook.__func__).parameters) != ["features", "cooperative_reduction"]:
+        return None  # another hook than the one PrologueChoices overrides (torch 2.11 and 2.13 have this one)
+    from ._prologue_choices import PrologueChoices
+
+    return PrologueChoices
+
+
+@contextlib.contextmanager
+def graph_prologue_choices():
+    """Inside: Inductor compiles with :class:`~sage_compile._prologue_choices.PrologueChoices`'s heuristics
+    (threadlocal, restored on exit), unless the hook is missing or the user installed choices of their own."""
+    cls = prologue_choices_class()
+    if cls is None:
+        yield
+        return
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.virtualized import V
+
+    if type(V.choices) is not InductorChoices:
+        yield
+        return
+    with V.set_choices_handler(cls()):
+        yield
 
 
 def triton_available() -> bool:

@@ -7,6 +7,7 @@ this package). ``sage_compile.make_backend(kernel="fp4", ...)`` returns a backen
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -51,7 +52,8 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
     if cfg.options.prologue == "graph":
         patches.update(_compat.graph_prologue_inductor_patches())
     patches.update(options)
-    compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    with _compat.graph_prologue_choices() if cfg.options.prologue == "graph" else contextlib.nullcontext():
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return _guard_config(compiled, cfg.fingerprint(), explicit)
 
 
