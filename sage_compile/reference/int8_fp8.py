@@ -64,7 +64,7 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     qf = q8.float()
     kf = engine.gqa_expand(k8, hq).float()
     ksx = engine.gqa_expand(ks, hq)
-    vf = engine.gqa_expand(v8, hq).float()  # (B, Hq, D, Nk)
+    vf = engine.gqa_expand(v8, hq).float()  # (B, Hq, D, Nk16): the padded keys are never read
 
     def logits(i0, i1, j0, j1):
         s = qf[:, :, i0:i1] @ kf[:, :, j0:j1].transpose(-1, -2)

@@ -84,8 +84,8 @@ def _configs():
 
 
 @triton.jit
-def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.constexpr, klo, khi, coff, svd, smq, smk,
-           MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _sweep(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, offs_m, m0, LQ, LK, D: tl.constexpr, klo, khi, coff, svd,
+           smq, smk, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
            P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr, PV: tl.constexpr):
     """All key tiles this query block sees (keys in [klo, khi), causally n <= m + coff): the tiles every
     row sees entirely run without index checks, the (at most two) edge ranges with them."""

@@ -160,7 +160,7 @@ def quant_v_fp8(v_hnd: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
     block_d = max(16, triton.next_power_of_2(d))
     block_n = max(1, min(64, 8192 // block_d))
     _quant_v_fp8[_grid_rows(npad, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, npad, d,
-                                                BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
+                                                   BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
     return y, scale
 
 
