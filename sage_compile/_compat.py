@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 
@@ -69,8 +70,6 @@ def prologue_choices_class():
         from torch._inductor.virtualized import V
     except ImportError:
         return None
-    import inspect
-
     hook = inspect.getattr_static(InductorChoices, "should_use_persistent_reduction", None)
     if not isinstance(hook, staticmethod) or not hasattr(V, "set_choices_handler"):
         return None
