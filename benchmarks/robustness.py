@@ -14,9 +14,10 @@ Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
   embedding takes a Python branch of its own, so Dynamo specialises on it under any backend.)
 - ``dynamic_llm``: the same on a transformers Llama at SmolLM2-135M's width (9 heads x 64, 3 KV heads, 4 of
   its 30 layers, random weights), three sequence lengths (1024/1500/2047 tokens, causal): sage must compile
-  one graph and never recompile. (CogVideoX's own recompiles, under Inductor too: its patch embedding
-  rebuilds the sincos table for each new frame count from Python ints and writes it through
-  ``.data[...].copy_``, so Dynamo specialises on the frame count.)
+  one graph and never recompile. (CogVideoX recompiles per frame count on the H200's torch 2.11 under
+  Inductor as under sage: Dynamo specialised the frame dimension, ``results/robustness_h200.log`` run 17;
+  on torch 2.13, CPU, ``--tiny``, the same three lengths compile once under both:
+  ``results/robustness_tiny_cpu_dynamic.log``.)
 - ``batch``: default dynamism, batch 1 -> 2 -> 3: graphs compiled for sage vs Inductor (automatic dynamic
   shapes recompile once, then stay dynamic).
 - ``pipeline``: an unmodified diffusers script (``CogVideoXPipeline`` with random weights, its transformer
