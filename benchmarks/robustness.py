@@ -16,8 +16,8 @@ Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
   its 30 layers, random weights), three sequence lengths (1024/1500/2047 tokens, causal): sage must compile
   one graph and never recompile. (CogVideoX recompiles per frame count on the H200's torch 2.11 under
   Inductor as under sage: Dynamo specialised the frame dimension, ``results/robustness_h200.log`` run 17;
-  on torch 2.13, CPU, ``--tiny``, the same three lengths compile once under both:
-  ``results/robustness_tiny_cpu_dynamic.log``.)
+  on torch 2.13 the same model and lengths compile once under both: ``results/robustness_cpu_dynamic.log``,
+  CPU with the reference kernels, and ``--tiny`` in ``results/robustness_tiny_cpu_dynamic.log``.)
 - ``batch``: default dynamism, batch 1 -> 2 -> 3: graphs compiled for sage vs Inductor (automatic dynamic
   shapes recompile once, then stay dynamic).
 - ``pipeline``: an unmodified diffusers script (``CogVideoXPipeline`` with random weights, its transformer
