@@ -186,8 +186,9 @@ def main():
         lens = (40, 77, 130) if a.tiny else (1024, 1500, 2047)
         xs = [dict(input_ids=torch.randint(0, llm.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
                    .to(dev)) for n in lens]
-        rec("dynamic_llm", *_recompiles(llm, be, xs, goal, f"Llama ({'tiny' if a.tiny else 'SmolLM2 width'}, {llm.config.num_hidden_layers} "
-                                       f"layers), 3 lengths ({'/'.join(map(str, lens))} tokens)", dynamic=True))
+        what = (f"Llama ({'tiny' if a.tiny else 'SmolLM2 width'}, {llm.config.num_hidden_layers} layers), "
+                f"3 lengths ({'/'.join(map(str, lens))} tokens)")
+        rec("dynamic_llm", *_recompiles(llm, be, xs, goal, what, dynamic=True))
         del llm
 
     if "batch" in items:
