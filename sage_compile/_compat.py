@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 
 import torch
 
@@ -86,12 +87,18 @@ def graph_prologue_choices():
     (threadlocal, restored on exit), unless the hook is missing or the user installed choices of their own."""
     cls = prologue_choices_class()
     if cls is None:
+        logging.getLogger("sage_compile").debug(
+            "sage_compile: this torch lacks InductorChoices.should_use_persistent_reduction(features, "
+            "cooperative_reduction); the graph prologue compiles with Inductor's own reduction choices")
         yield
         return
     from torch._inductor.choices import InductorChoices
     from torch._inductor.virtualized import V
 
     if type(V.choices) is not InductorChoices:
+        logging.getLogger("sage_compile").debug(
+            "sage_compile: Inductor choices %s installed by the user are kept for the graph prologue",
+            type(V.choices).__name__)
         yield
         return
     with V.set_choices_handler(cls()):
