@@ -112,13 +112,10 @@ def graph():
         torch._dynamo.reset()
         be = sage_compile.make_backend(compiler=compiler, kernel="int8_fp8", prologue=prologue,
                                        int8_channel_rescale=rescale)
-        real = _compat.inductor_division_rounding_key
-        _compat.inductor_division_rounding_key = (lambda: key) if div else (lambda: None)
-        try:
-            with torch.no_grad():
-                o = torch.compile(m, backend=be)(**kw)
-        finally:
-            _compat.inductor_division_rounding_key = real
+        # div: Inductor's graph-global IEEE division on top (the backend no longer asks for it: the
+        # quantizers divide in fp64)
+        with torch._inductor.config.patch({key: bool(div)}), torch.no_grad():
+            o = torch.compile(m, backend=be)(**kw)
         return torch.cat([t.flatten().float() for t in o])
 
     with torch.no_grad():

@@ -44,23 +44,20 @@ def inductor_division_rounding_key():
 def graph_prologue_inductor_patches() -> dict:
     """Inductor options a graph with the prologue as graph ops needs (``prologue="graph"``):
 
-    * IEEE division (:func:`inductor_division_rounding_key`): the quantizers' divisions must round like
-      the prologue op's, not like Triton's approximate ``/``.
     * ``comprehensive_padding`` off: on GPUs Inductor pads the strides of intermediate buffers whose
       stride exceeds ``padding_stride_threshold`` (1024 elements) to 128 bytes. On torch 2.11 a
       per-token scale buffer that feeds the core op (``(B, H, N)`` fp32 with N = 1250) was written
       unpadded (stride 1250) and read padded (stride 1280) by the next fused kernel: wrong INT8 values
       for every sequence length N > 1024 not a multiple of 32 (generated code of
-      ``benchmarks/diag_graph_prologue.py``, H200, CogVideoX's 226 + 1024 tokens)."""
+      ``benchmarks/diag_graph_prologue.py``, H200, CogVideoX's 226 + 1024 tokens).
+
+    Not IEEE division (:func:`inductor_division_rounding_key`): the quantizers divide in fp64 and round
+    once (:func:`sage_compile.reference.quant.div_rn`), exact under Triton's approximate fp32 ``/``; the
+    option is graph-global and made the model's own norms (Flux's RMSNorm) divide with ``div_rn`` per
+    element, twice their time on the H200."""
     import torch._inductor.config as c
 
-    patches = {}
-    key = inductor_division_rounding_key()
-    if key is not None:
-        patches[key] = True
-    if hasattr(c, "comprehensive_padding"):
-        patches["comprehensive_padding"] = False
-    return patches
+    return {"comprehensive_padding": False} if hasattr(c, "comprehensive_padding") else {}
 
 
 def prologue_choices_class():

@@ -18,9 +18,10 @@ IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 
 
 # prologue="graph" (the quantizer as graph ops Inductor fuses with RoPE / QK-norm) is honoured on these device
-# types. CUDA needs two Inductor options (sage_compile._compat.graph_prologue_inductor_patches, set by the
-# backend): IEEE division, and stride padding off (on torch 2.11 it read a per-token scale buffer with padded
-# strides that had been written unpadded: CogVideoX's attention came out wrong, benchmarks/diag_graph_prologue.py).
+# types. CUDA needs stride padding off (sage_compile._compat.graph_prologue_inductor_patches, set by the
+# backend: on torch 2.11 it read a per-token scale buffer with padded strides that had been written unpadded:
+# CogVideoX's attention came out wrong, benchmarks/diag_graph_prologue.py). The quantizers' divisions are
+# exact without an Inductor option (fp64, rounded once: sage_compile.reference.quant.div_rn).
 GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
 
 

@@ -16,7 +16,7 @@ import torch
 
 from . import engine
 from .layout import from_hnd, to_hnd
-from .quant import channel_balance, quant_fp8_v, quant_int8, smooth_k, smoothed_amax, to_e4m3
+from .quant import channel_balance, div_rn, quant_fp8_v, quant_int8, smooth_k, smoothed_amax, to_e4m3
 
 BLOCK_N = 128
 V_KEY_MULTIPLE = 16  # V^T's token axis is padded with zeros to this (the CUDA core's TMA needs it; no copies)
@@ -51,7 +51,7 @@ def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor, k_amax: Optional[torch
     """(Q·diag(s), K·diag(1/s)) with s from :func:`channel_balance` (fp32 in, fp32 out); ``q``: the same
     Q in its own dtype (``qf = q.float()``), for the channel amax (same bits)."""
     s = channel_balance(qf if q is None else q, ksm, k_amax)
-    return qf * engine.gqa_expand(s, qf.shape[1]), ksm / s
+    return qf * engine.gqa_expand(s, qf.shape[1]), div_rn(ksm, s)
 
 
 def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],

@@ -4,7 +4,9 @@ Every kernel's quantizer must produce exactly these bits given the same (smoothe
 (``shared/docs/conventions.md``, tolerance rule 1). Scale divisions use a tensor divisor: torch on CUDA
 turns division by a Python scalar into a multiplication by its reciprocal (an ulp off, measured on the
 H200), which would make a GPU run of this module disagree with the CPU; Inductor does the same to a constant
-divisor on GPUs (:func:`_div_exact` hides the constant). Conventions:
+divisor on GPUs (:func:`_div_exact` hides the constant). Every division whose bits matter goes through
+:func:`div_rn` (fp64, rounded once), so the module is exact when Inductor compiles it for a GPU too, without
+the graph-global IEEE-division option (which would also slow the model's own norms). Conventions:
 
 * All arithmetic in fp32. Scales are fp32 tensors (INT8, FP8) or ``float8_e4m3fn`` tensors (NVFP4).
 * Rounding is IEEE round-to-nearest-even with saturation (the CUDA ``cvt.rn[i].sat`` behaviour).
@@ -28,6 +30,19 @@ INT8_MAX = 127.0
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
+def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a / b`` for fp32 tensors, the IEEE (round-to-nearest) fp32 quotient on every device, eager or compiled,
+    whatever Inductor's division option: computed in fp64 and rounded once to fp32. That is bit for bit the
+    fp32 quotient (fp64's 53 bits >= 2·24 + 2: rounding twice is innocuous for division, subnormal results
+    included). Triton's fp32 ``/`` is approximate (``div.full``, up to 2 ulp) unless Inductor's IEEE-division
+    option is on, and that option holds for the whole graph (Flux's RMSNorm kernels got ``div_rn`` per element
+    from it: 2× their time on the H200); fp64 division is always IEEE (``div.rn.f64``). MPS has no fp64: the
+    fp32 division there."""
+    if a.device.type == "mps":
+        return a / b
+    return (a.double() / b.double()).float()
+
+
 def _div_exact(a: torch.Tensor, c: float) -> torch.Tensor:
     """a / c correctly rounded on every device, eager or compiled.
 
@@ -36,12 +51,12 @@ def _div_exact(a: torch.Tensor, c: float) -> torch.Tensor:
     an ulp off for some inputs (measured on the H200: the graph prologue's INT8 scales). The divisor here
     is ``c`` wherever ``a`` is not NaN (and NaN where ``a`` is, where the quotient is NaN anyway), so the
     result is exactly ``a / c``, but the divisor depends on ``a`` and no compiler folds it into a constant."""
-    return a / torch.where(torch.isnan(a), a, torch.full_like(a, c))
+    return div_rn(a, torch.where(torch.isnan(a), a, torch.full_like(a, c)))
 
 
 def _safe_div(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x / scale with 0 where scale == 0 (all-zero groups); NaN/Inf scales still propagate."""
-    return torch.where(scale == 0, torch.zeros_like(x), x / torch.where(scale == 0, torch.ones_like(scale), scale))
+    return torch.where(scale == 0, torch.zeros_like(x), div_rn(x, torch.where(scale == 0, torch.ones_like(scale), scale)))
 
 
 # ----------------------------------------------------------------------------------------- smoothing
@@ -90,7 +105,7 @@ def smooth_q_blocks(q: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, to
     sums = qp.unflatten(-2, (nblk, block)).sum(dim=-2)
     counts = torch.full((nblk,), float(block), device=q.device)
     counts[-1] = block - pad
-    qbar = sums / counts[:, None]
+    qbar = div_rn(sums, counts[:, None])
     return qf - qbar.repeat_interleave(block, dim=-2)[..., :n, :], qbar
 
 
@@ -114,7 +129,7 @@ def channel_balance(q: torch.Tensor, k: torch.Tensor, k_amax: Optional[torch.Ten
     ok = (aq > 0) & (ak > 0) & torch.isfinite(aq) & torch.isfinite(ak)
     # the square root taken in fp64 and rounded once: correctly rounded on every device (torch's fp32 CPU
     # sqrt is not: 1 ulp off for ~17 % of random inputs), as the kernels' IEEE sqrt
-    ratio = ak / torch.where(ok, aq, torch.ones_like(aq))
+    ratio = div_rn(ak, torch.where(ok, aq, torch.ones_like(aq)))
     return torch.where(ok, torch.sqrt(ratio.double()).float(), torch.ones_like(aq))
 
 
@@ -241,7 +256,7 @@ def quant_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = torch.where(torch.isnan(xb).any(dim=-1), torch.full_like(amax, float("nan")), amax)
     scale = to_e4m3(_div_exact(amax, E2M1_MAX))
     sf = scale.float()
-    inv = torch.where(sf == 0, torch.zeros_like(sf), 1.0 / torch.where(sf == 0, torch.ones_like(sf), sf))
+    inv = torch.where(sf == 0, torch.zeros_like(sf), div_rn(torch.ones_like(sf), torch.where(sf == 0, torch.ones_like(sf), sf)))
     y = xb * inv[..., None]
     codes = e2m1_codes(round_e2m1(torch.nan_to_num(y, nan=0.0)))
     return pack_fp4(codes.flatten(-2)), scale
