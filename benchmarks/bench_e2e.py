@@ -171,6 +171,9 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny config (smoke test)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--recompile", action="store_true",
+                    help="after the timings, compile each variant again in the process (warm caches) and time "
+                         "that first call too")
     a = ap.parse_args()
     import sage_compile
 
@@ -202,6 +205,18 @@ def main():
             y = fn_m(**kw)[0]
             sync()
             first = time.perf_counter() - t0
+            split = ""
+            if var == "sage_int8_fp8" and a.device == "cuda":  # the first call's seconds outside the compile
+                from sage_compile.kernels.int8_fp8 import cuda as sage_cuda
+
+                st = sage_cuda.status()
+                split = f" (CUDA core build wait {st['build_s']:.1f} s, core selection {st['select_s']:.1f} s)"
+                recs += [dict(meta, kernel=var, variant="step", metric="build_wait_s", value=st["build_s"],
+                              note="first call: seconds waiting for the CUDA core's build (background, "
+                                   "started at the rewrite)"),
+                         dict(meta, kernel=var, variant="step", metric="select_s", value=st["select_s"],
+                              note="first call: seconds timing the CUDA vs Triton cores (auto; incl. Triton "
+                                   "autotuning) or reading the on-disk choice")]
             fn = lambda: fn_m(**kw)  # noqa: E731
             if a.device == "cuda":
                 import triton
@@ -228,8 +243,20 @@ def main():
         sites = f"{sum(r['decision'] != 'kept' for r in rows)}/{len(rows)} sites replaced" if rows else ""
         res[var] = dict(ms=ms, attn=attn, total=total, attn_op=attn_op)
         print(f"{a.model} {var:16s} step {ms:9.2f} ms  first call {first:7.1f} s  attention {attn:8.2f} "
-              f"(ops {attn_op:8.2f}) of {total:8.2f} ms CUDA  cos {cos:.5f} rel-L1 {rel:.4f}{vs_ind}  {sites}",
-              flush=True)
+              f"(ops {attn_op:8.2f}) of {total:8.2f} ms CUDA  cos {cos:.5f} rel-L1 {rel:.4f}{vs_ind}  {sites}"
+              f"{split}", flush=True)
+        if a.recompile and var != "eager":
+            torch._dynamo.reset()
+            fn_m = torch.compile(m) if var.startswith("inductor") else (
+                torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):])))
+            with torch.no_grad(), ctx:
+                t0 = time.perf_counter()
+                fn_m(**kw)
+                sync()
+                again = time.perf_counter() - t0
+            print(f"{a.model} {var:16s} second compile in this process: first call {again:7.1f} s", flush=True)
+            recs.append(dict(meta, kernel=var, variant="step", metric="compile_s", value=again,
+                             note="second compile in the same process (warm in-process and on-disk caches)"))
         base = dict(meta, kernel=var, variant="step", note=sites)
         recs += [dict(base, metric="ms", value=ms), dict(base, metric="compile_s", value=first),
                  dict(base, metric="cos", value=cos, note=f"vs {ref_name}; {sites}"),

@@ -32,7 +32,19 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
                 f"site {s.index} at {s.location}: {d.reason}" for s, d in bad))
     passes.rewrite(gm, sites, decisions, cfg.options)
     graph._sage_compile_done = True
+    if any(d.scheme == "int8_fp8" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
+        _prebuild_cuda_core()
     return debug.record(before, graph.python_code("self").src, sites, decisions, cfg.dump_dir)
+
+
+def _prebuild_cuda_core() -> None:
+    """Start building the CUDA int8_fp8 core in the background (it builds at its first call otherwise,
+    after the whole compile): nvcc runs while Inductor compiles."""
+    if _config.int8_fp8_core() == "triton" or not _compat.triton_available():
+        return
+    from .kernels.int8_fp8 import cuda
+
+    cuda.prebuild()
 
 
 def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None, **explicit):

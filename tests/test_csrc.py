@@ -2,13 +2,17 @@
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
 instructions and no local-memory traffic, and the Python side falls back to the Triton core, with the
 reason, when the extension cannot be built. Skipped with a note where nvcc is absent."""
+import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 
 import pytest
 import torch
+
+import sage_compile
 
 NVCC = shutil.which("nvcc")
 
@@ -90,7 +94,7 @@ def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
 
     from sage_compile.kernels.int8_fp8 import cuda
 
-    monkeypatch.setattr(cuda, "_state", {"tried": False, "module": None, "error": None})
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     calls = []
@@ -104,7 +108,9 @@ def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
         assert cuda.load() is None
         assert cuda.load() is None  # tried once per process
     assert len(calls) == 1 and calls[0].startswith("sage_int8_fp8_sm90_")
-    assert cuda.status() == {"built": False, "error": "RuntimeError: Error building extension 'sage_int8_fp8_sm90': nvcc not found"}
+    st = cuda.status()
+    assert st["built"] is False and st["build_s"] >= 0 and st["select_s"] == 0
+    assert st["error"] == "RuntimeError: Error building extension 'sage_int8_fp8_sm90': nvcc not found"
     assert "using the Triton core" in caplog.text
     assert os.environ.get("TORCH_CUDA_ARCH_LIST") != "9.0a"  # restored
 
@@ -112,11 +118,106 @@ def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
 def test_wrong_gpu_is_reported(monkeypatch):
     from sage_compile.kernels.int8_fp8 import cuda
 
-    monkeypatch.setattr(cuda, "_state", {"tried": False, "module": None, "error": None})
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
     assert cuda.load() is None
     assert "9.0" in cuda.status()["error"] and "8.9" in cuda.status()["error"]
+
+
+def test_prebuild_runs_load_once_in_a_thread(monkeypatch):
+    """The backend's prebuild: load() in a daemon thread, once; a later load() returns its result."""
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
+    monkeypatch.setattr(cuda, "_prebuild", {"thread": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    calls, threads = [], []
+    sentinel = object()
+
+    def fake_build():
+        calls.append(threading.current_thread().name)
+        return sentinel
+
+    monkeypatch.setattr(cuda, "build", fake_build)
+    cuda.prebuild()
+    cuda.prebuild()  # a second call starts nothing
+    threads.append(cuda._prebuild["thread"])
+    threads[0].join(10)
+    assert cuda.load() is sentinel
+    assert calls == ["sage_compile-cuda-build"]
+    cuda.prebuild()  # after the build: nothing either
+    assert cuda._prebuild["thread"] is threads[0] and calls == ["sage_compile-cuda-build"]
+
+
+def test_backend_starts_the_build_for_cuda_int8_fp8_sites(monkeypatch):
+    """rewrite_graph asks for the prebuild when it replaced an int8_fp8 site on CUDA (not for CPU sites)."""
+    from sage_compile import backend
+    from sage_compile.kernels.int8_fp8 import cuda
+    from sage_compile.passes.site import Site
+
+    asked = []
+    monkeypatch.setattr(cuda, "prebuild", lambda: asked.append(1))
+    cfg = sage_compile.config.resolve(kernel="int8_fp8")
+    rows = []
+
+    def capture(gm, example_inputs):
+        rows.extend(backend.rewrite_graph(gm, cfg))
+        return gm.forward
+
+    q = torch.randn(1, 2, 8, 16)
+    f = lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    torch._dynamo.reset()
+    torch.compile(f, backend=capture)(q)  # a CPU site
+    assert asked == [] and rows and rows[0]["decision"] != "kept", rows
+    monkeypatch.setattr(Site, "device_type", property(lambda self: "cuda"))
+    torch._dynamo.reset()
+    torch.compile(f, backend=capture)(q)
+    assert asked == [1]
+    torch._dynamo.reset()
+
+
+def test_core_choice_is_cached_on_disk(monkeypatch, tmp_path):
+    """auto's measured choice goes to SAGE_COMPILE_CACHE_DIR/int8_fp8_core.json under a scope (GPU, torch,
+    triton, sources); a new process (empty in-memory cache) reads it instead of timing the cores; another
+    scope or a corrupt file measures again; SAGE_COMPILE_CACHE_DIR='' keeps choices in memory only."""
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setenv("SAGE_COMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    scope = ["H200|a"]
+    monkeypatch.setattr(cuda, "_cache_scope", lambda device: scope[0])
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
+    timed = []
+    monkeypatch.setattr(cuda, "_time", lambda fn: (timed.append(fn()), 1.0 if fn() == "cuda" else 2.0)[1])
+    q8, k8 = torch.zeros(1, 2, 300, 64, dtype=torch.int8), torch.zeros(1, 2, 300, 64, dtype=torch.int8)
+    args = (q8, k8, "none", lambda: "cuda", lambda: "triton")
+
+    def fresh_process():
+        monkeypatch.setattr(cuda, "_choice", {})
+        timed.clear()
+
+    fresh_process()
+    assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]
+    data = json.loads((tmp_path / "int8_fp8_core.json").read_text())
+    assert list(data) == ["H200|a"] and list(data["H200|a"].values()) == [True]
+    fresh_process()
+    assert cuda.prefer_cuda(*args) is True and timed == []  # read from disk, nothing timed
+    assert cuda.status()["select_s"] > 0
+    scope[0] = "H200|b"  # new sources: measured again, the stale scope dropped
+    fresh_process()
+    assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]
+    assert list(json.loads((tmp_path / "int8_fp8_core.json").read_text())) == ["H200|b"]
+    (tmp_path / "int8_fp8_core.json").write_text("{not json")
+    fresh_process()
+    assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]
+    monkeypatch.setenv("SAGE_COMPILE_CACHE_DIR", "")
+    assert cuda.choice_cache_path() is None
+    fresh_process()
+    (tmp_path / "int8_fp8_core.json").unlink()
+    assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]
+    assert not (tmp_path / "int8_fp8_core.json").exists()
 
 
 def test_build_name_follows_the_sources(tmp_path):

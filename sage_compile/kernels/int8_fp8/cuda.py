@@ -10,16 +10,24 @@ Which core runs (``SAGE_COMPILE_INT8_FP8_CORE``, :func:`sage_compile.config.int8
 ``cuda`` (where it supports the call, else Triton), or ``auto`` (default): the CUDA core where it is
 supported and measured faster than the Triton core on that shape — both are timed once per shape bucket
 (head dim, causal, GQA ratio, powers of two of Lq, Lk and B·H) on the call's own inputs, and the winner
-is cached for the process. During CUDA-graph capture nothing is timed: an unmeasured shape takes the CUDA
-core. Same numerics in both: outputs agree to accumulation order (conventions.md rule 2).
+is cached for the process and on disk (:func:`choice_cache_path`: keyed by GPU, torch, triton and the
+sources of both cores, so a later process skips the timing and the Triton core's autotuning). During
+CUDA-graph capture nothing is timed: an unmeasured shape takes the CUDA core. Same numerics in both:
+outputs agree to accumulation order (conventions.md rule 2).
+
+First-call cost: the backend starts the build in a background thread (:func:`prebuild`) as soon as it
+rewrites a CUDA ``int8_fp8`` site, so nvcc runs while Dynamo and Inductor compile the graph; the seconds
+spent are in :func:`status` (``build_s``: waiting + building, ``select_s``: timing the cores).
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import os
 import threading
+import time
 from importlib import resources
 from typing import Optional
 
@@ -32,7 +40,15 @@ CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-li
 LOG2E = 1.4426950408889634
 
 _lock = threading.Lock()
-_state: dict = {"tried": False, "module": None, "error": None}
+
+
+def fresh_state() -> dict:
+    """The state before :func:`load` (tests reset it with this)."""
+    return {"tried": False, "module": None, "error": None, "build_s": 0.0, "select_s": 0.0}
+
+
+_state: dict = fresh_state()
+_prebuild: dict = {"thread": None}
 _choice: dict = {}
 _failures: set = set()
 
@@ -78,8 +94,28 @@ def build(extra: tuple = ()):
             os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
+def prebuild() -> None:
+    """Start :func:`load` in a daemon thread (once per process; nothing where it already ran), so that the
+    build overlaps the caller's work (the backend: Dynamo and Inductor compiling the graph)."""
+    if not torch.cuda.is_available():
+        return
+    with _lock:
+        if _state["tried"] or _prebuild["thread"] is not None:
+            return
+        _prebuild["thread"] = threading.Thread(target=load, name="sage_compile-cuda-build", daemon=True)
+        _prebuild["thread"].start()
+
+
 def load():
     """The built extension module, or None (the reason in :func:`status`). Builds once per process."""
+    t0 = time.perf_counter()
+    try:
+        return _load()
+    finally:
+        _state["build_s"] += time.perf_counter() - t0
+
+
+def _load():
     with _lock:
         if _state["tried"]:
             return _state["module"]
@@ -98,8 +134,12 @@ def load():
 
 
 def status() -> dict:
-    """``{"built": bool, "error": str | None}`` after :func:`load` was tried (``built`` False before)."""
-    return {"built": _state["module"] is not None, "error": _state["error"]}
+    """``{"built": bool, "error": str | None, "build_s": float, "select_s": float}``: ``built`` False before
+    :func:`load` was tried; ``build_s`` the seconds callers spent in :func:`load` (the build itself, or the
+    wait for :func:`prebuild`'s thread; the thread's own time is not counted), ``select_s`` the seconds
+    :func:`prefer_cuda` spent timing the two cores."""
+    return {"built": _state["module"] is not None, "error": _state["error"], "build_s": _state["build_s"],
+            "select_s": _state["select_s"]}
 
 
 def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype,
@@ -186,14 +226,80 @@ def _time(fn, reps: int = 3) -> float:
     return start.elapsed_time(end) / reps
 
 
+def choice_cache_path() -> Optional[str]:
+    """The JSON file of measured core choices: ``SAGE_COMPILE_CACHE_DIR`` (default
+    ``~/.cache/sage_compile``) / ``int8_fp8_core.json``; None when ``SAGE_COMPILE_CACHE_DIR`` is empty
+    (no disk cache)."""
+    root = os.environ.get("SAGE_COMPILE_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "sage_compile"))
+    return os.path.join(root, "int8_fp8_core.json") if root else None
+
+
+def _cache_scope(device) -> str:
+    """What a measured choice depends on besides the shape: the GPU, torch, triton and both cores' sources."""
+    import triton
+
+    from . import attention as triton_core
+
+    h = hashlib.sha256()
+    for path in (*source_paths(), triton_core.__file__):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    h.update(" ".join(cuda_flags()).encode())
+    return f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}|{h.hexdigest()[:16]}"
+
+
+def _disk_choices(device) -> tuple[dict, str]:
+    path, scope = choice_cache_path(), _cache_scope(device)
+    if path is None:
+        return {}, scope
+    try:
+        with open(path) as f:
+            return json.load(f).get(scope, {}), scope
+    except (OSError, ValueError, AttributeError):
+        return {}, scope
+
+
+def _save_choice(scope: str, key: str, cuda_wins: bool) -> None:
+    path = choice_cache_path()
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        data = {scope: {**data.get(scope, {}), key: cuda_wins}}  # other scopes are stale: dropped
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: the choice stays in this process only
+        log.debug("sage_compile: cannot write %s (%s)", path, e)
+
+
 def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton) -> bool:
-    """``auto``: whether the CUDA core is faster on this shape bucket (measured once, cached)."""
+    """``auto``: whether the CUDA core is faster on this shape bucket (measured once, cached in the
+    process and in :func:`choice_cache_path`)."""
     key = _bucket(q8, k8, causal)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return True
-        t_cuda, t_triton = _time(run_cuda), _time(run_triton)
-        _choice[key] = t_cuda <= t_triton
-        log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %.3f ms)", key,
-                  "cuda" if _choice[key] else "triton", t_cuda, t_triton)
+        t0 = time.perf_counter()
+        disk, scope = _disk_choices(q8.device)
+        skey = repr(key[:-1])  # the device is the scope's
+        if isinstance(disk.get(skey), bool):
+            _choice[key] = disk[skey]
+            log.debug("sage_compile: int8_fp8 core for %s: %s (cached in %s)", key,
+                      "cuda" if _choice[key] else "triton", choice_cache_path())
+        else:
+            t_cuda, t_triton = _time(run_cuda), _time(run_triton)
+            _choice[key] = t_cuda <= t_triton
+            _save_choice(scope, skey, _choice[key])
+            log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %.3f ms)", key,
+                      "cuda" if _choice[key] else "triton", t_cuda, t_triton)
+        _state["select_s"] += time.perf_counter() - t0
     return _choice[key]
