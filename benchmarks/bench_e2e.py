@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import datetime
 import os
 import re
@@ -186,7 +187,7 @@ def main():
     recs, ref, res, outs = [], None, {}, {}
     for var in a.variants.split(","):
         torch._dynamo.reset()
-        ctx = contextlib.nullcontext()
+        ctx = contextlib.nullcontext  # a factory: a generator context manager cannot be entered twice
         if var == "eager":
             fn_m = m
         elif var in ("inductor", "inductor_cudnn"):
@@ -194,12 +195,12 @@ def main():
             if var == "inductor_cudnn":  # SDPA pinned to cuDNN (else Inductor's SDPA picks per call)
                 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-                ctx = sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
+                ctx = functools.partial(sdpa_kernel, [SDPBackend.CUDNN_ATTENTION])
         elif var.startswith("sage_"):
             fn_m = torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):]))
         else:
             raise ValueError(var)
-        with torch.no_grad(), ctx:
+        with torch.no_grad(), ctx():
             sage_compile.debug.clear_reports()
             t0 = time.perf_counter()
             y = fn_m(**kw)[0]
@@ -249,7 +250,7 @@ def main():
             torch._dynamo.reset()
             fn_m = torch.compile(m) if var.startswith("inductor") else (
                 torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):])))
-            with torch.no_grad(), ctx:
+            with torch.no_grad(), ctx():
                 t0 = time.perf_counter()
                 fn_m(**kw)
                 sync()
