@@ -41,6 +41,33 @@ def inductor_division_rounding_key():
     return "emulate_divison_rounding" if hasattr(c, "emulate_divison_rounding") else None
 
 
+_ADDCDIV_RN: list = []
+
+
+@torch.compiler.assume_constant_result
+def inductor_addcdiv_divides_rn() -> bool:
+    """Whether Inductor lowers ``aten.addcdiv`` itself (not decomposed) with an IEEE division on GPUs
+    (``ops.div_rn``, whatever the graph-global division option: torch 2.13). Then
+    ``addcdiv(-0.0, a, b)`` is ``a / b`` correctly rounded in a compiled graph at fp32 cost
+    (:func:`sage_compile.reference.quant.div_rn`); else the quantizers divide in fp64."""
+    if not _ADDCDIV_RN:
+        _ADDCDIV_RN.append(_probe_addcdiv_rn())
+    return _ADDCDIV_RN[0]
+
+
+def _probe_addcdiv_rn() -> bool:
+    try:
+        from torch._inductor import decomposition, lowering
+        from torch._inductor.codegen.triton import TritonOverrides
+
+        aten = torch.ops.aten
+        return (hasattr(TritonOverrides, "div_rn") and aten.addcdiv.default in lowering.lowerings
+                and aten.addcdiv.default not in decomposition.select_decomp_table()
+                and "ops.div_rn(" in inspect.getsource(lowering.addcdiv))
+    except Exception:  # noqa: BLE001 - any doubt: the fp64 division
+        return False
+
+
 def graph_prologue_inductor_patches() -> dict:
     """Inductor options a graph with the prologue as graph ops needs (``prologue="graph"``):
 
@@ -51,9 +78,9 @@ def graph_prologue_inductor_patches() -> dict:
       for every sequence length N > 1024 not a multiple of 32 (generated code of
       ``benchmarks/diag_graph_prologue.py``, H200, CogVideoX's 226 + 1024 tokens).
 
-    Not IEEE division (:func:`inductor_division_rounding_key`): the quantizers divide in fp64 and round
-    once (:func:`sage_compile.reference.quant.div_rn`), exact under Triton's approximate fp32 ``/``; the
-    option is graph-global and made the model's own norms (Flux's RMSNorm) divide with ``div_rn`` per
+    Not IEEE division (:func:`inductor_division_rounding_key`): the quantizers' divisions are exact
+    without it (:func:`sage_compile.reference.quant.div_rn`: ``addcdiv``, which Inductor lowers with
+    ``div_rn``, or fp64 rounded once); the option is graph-global and made the model's own norms (Flux's RMSNorm) divide with ``div_rn`` per
     element, twice their time on the H200."""
     import torch._inductor.config as c
 

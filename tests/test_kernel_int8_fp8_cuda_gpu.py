@@ -40,7 +40,8 @@ def _run_cuda(qt, causal, layout="HND", dtype=torch.bfloat16, scale=None):
 def test_extension_builds():
     _, _, KC = _mods()
     assert KC.load() is not None, KC.status()
-    assert KC.status() == {"built": True, "error": None}
+    st = KC.status()
+    assert st["built"] is True and st["error"] is None and st["build_s"] >= 0, st
 
 
 @needs_sm90

@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch
 
+from .. import _compat
+
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 INT8_MAX = 127.0
@@ -32,14 +34,19 @@ E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a / b`` for fp32 tensors, the IEEE (round-to-nearest) fp32 quotient on every device, eager or compiled,
-    whatever Inductor's division option: computed in fp64 and rounded once to fp32. That is bit for bit the
-    fp32 quotient (fp64's 53 bits >= 2·24 + 2: rounding twice is innocuous for division, subnormal results
-    included). Triton's fp32 ``/`` is approximate (``div.full``, up to 2 ulp) unless Inductor's IEEE-division
-    option is on, and that option holds for the whole graph (Flux's RMSNorm kernels got ``div_rn`` per element
-    from it: 2× their time on the H200); fp64 division is always IEEE (``div.rn.f64``). MPS has no fp64: the
-    fp32 division there."""
+    whatever Inductor's division option. Triton's fp32 ``/`` is approximate (``div.full``, up to 2 ulp) unless
+    Inductor's IEEE-division option is on, and that option holds for the whole graph (Flux's RMSNorm kernels
+    got ``div_rn`` per element from it: about twice their time on the H200). So, where Inductor lowers
+    ``addcdiv`` with ``div_rn`` (torch 2.13, :func:`sage_compile._compat.inductor_addcdiv_divides_rn`):
+    ``addcdiv(-0.0, a, b)`` (adding -0.0 is exact for every value, -0.0 included; eager CPU and CUDA divide
+    IEEE). Elsewhere: in fp64, rounded once to fp32, bit for bit the fp32 quotient (53 >= 2·24 + 2 bits:
+    rounding twice is innocuous for division, subnormal results included; fp64 division is always IEEE,
+    ``div.rn.f64``), but dearer on the GPU (H200, torch 2.11: CogVideoX's 16K quantizer kernels 0.23 ->
+    0.30 ms). MPS has no fp64: the fp32 division there."""
     if a.device.type == "mps":
         return a / b
+    if _compat.inductor_addcdiv_divides_rn():
+        return torch.addcdiv(a.new_full((), -0.0), a, b)
     return (a.double() / b.double()).float()
 
 
