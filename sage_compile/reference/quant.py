@@ -39,15 +39,18 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     got ``div_rn`` per element from it: about twice their time on the H200). So, where Inductor lowers
     ``addcdiv`` with ``div_rn`` (torch 2.13, :func:`sage_compile._compat.inductor_addcdiv_divides_rn`):
     ``addcdiv(-0.0, a, b)`` (adding -0.0 is exact for every value, -0.0 included; eager CPU and CUDA divide
-    IEEE). Elsewhere: in fp64, rounded once to fp32, bit for bit the fp32 quotient (53 >= 2·24 + 2 bits:
-    rounding twice is innocuous for division, subnormal results included; fp64 division is always IEEE,
-    ``div.rn.f64``), but dearer on the GPU (H200, torch 2.11: CogVideoX's 16K quantizer kernels 0.23 ->
-    0.30 ms). MPS has no fp64: the fp32 division there."""
+    IEEE). Elsewhere: ``a · RN(1/b)`` in fp64, rounded once to fp32: bit for bit the fp32 quotient. (A
+    quotient of two fp32 values is never an fp32 rounding midpoint and lies at least 2^-49 of itself away
+    from every one; the fp64 product's relative error is below 2^-52, so both round alike, subnormal and
+    overflowing results included; inf/NaN/zero operands give IEEE's results.) The reciprocal is taken on
+    b's shape: a per-row scale costs one fp64 division per row and one fp64 multiply per element (fp64
+    division per element raised CogVideoX's 16K quantizer kernels from 0.23 to 0.30 ms on the H200,
+    torch 2.11). MPS has no fp64: the fp32 division there."""
     if a.device.type == "mps":
         return a / b
     if _compat.inductor_addcdiv_divides_rn():
         return torch.addcdiv(a.new_full((), -0.0), a, b)
-    return (a.double() / b.double()).float()
+    return (a.double() * torch.reciprocal(b.double())).float()
 
 
 def _div_exact(a: torch.Tensor, c: float) -> torch.Tensor:
