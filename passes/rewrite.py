@@ -10,7 +10,10 @@ from .site import Site, val
 
 
 def _fake_mode(site: Site):
-    return torch._guards.detect_fake_mode([val(site.q)])
+    """The fake mode of the site's own example values (the tracing context's may be another one: mixing
+    the two fails, and the new nodes would get no ``example_value``, which AOTAutograd's cache needs)."""
+    t = val(site.q)
+    return getattr(t, "fake_mode", None) or torch._guards.detect_fake_mode([t])
 
 
 def _set_meta(node: fx.Node, fake_mode) -> None:

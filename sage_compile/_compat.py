@@ -87,6 +87,24 @@ def graph_prologue_inductor_patches() -> dict:
     return {"comprehensive_padding": False} if hasattr(c, "comprehensive_padding") else {}
 
 
+def aot_cache_patches(functions) -> dict:
+    """Inductor options under which AOTAutograd's cache accepts graphs calling ``functions`` (plain Python
+    functions the rewrite puts in the graph: the graph prologue). Its safety check refuses any
+    ``call_function`` target it does not know (every later compile of the graph then re-traces it:
+    CogVideoX-2B's 30 prologues, seconds); ``unsafe_marked_cacheable_functions`` (torch 2.11, 2.13) maps a
+    function's ``module.name`` to a string that joins the cache key: here the hash of this package's
+    sources, so an edit of the prologue misses the cache. Empty where the option does not exist."""
+    import torch._inductor.config as c
+
+    if not hasattr(c, "unsafe_marked_cacheable_functions"):
+        return {}
+    from ._sources import package_hash
+
+    marked = dict(c.unsafe_marked_cacheable_functions)
+    marked.update({f"{f.__module__}.{f.__name__}": f"sage_compile {package_hash()}" for f in functions})
+    return {"unsafe_marked_cacheable_functions": marked}
+
+
 def prologue_choices_class():
     """:class:`sage_compile._prologue_choices.PrologueChoices`, or None where this torch lacks Inductor's
     ``InductorChoices.should_use_persistent_reduction`` hook or ``V.set_choices_handler``."""

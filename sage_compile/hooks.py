@@ -42,13 +42,9 @@ def _make_pass_class():
         def uuid(self):
             from . import config
 
-            h = hashlib.sha256()
-            root = os.path.dirname(__file__)
-            for dirpath, _, files in sorted(os.walk(root)):
-                for f in sorted(files):
-                    if f.endswith(".py"):
-                        with open(os.path.join(dirpath, f), "rb") as fh:
-                            h.update(fh.read())
+            from ._sources import package_hash
+
+            h = hashlib.sha256(package_hash().encode())
             h.update(repr(_op_prologue(config.resolve()).fingerprint()).encode())
             prev = getattr(self.previous, "uuid", None)
             h.update(repr(prev() if callable(prev) else None).encode())

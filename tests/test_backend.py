@@ -12,6 +12,7 @@ from helpers import cos_rel
 from torch._dynamo.utils import counters
 
 import sage_compile
+from sage_compile import backend
 from sage_compile import hooks
 
 SCRIPT = textwrap.dedent("""
@@ -106,9 +107,35 @@ def test_mode_and_options_reach_inductor(monkeypatch):
         torch.compile(f, backend="sage", options={"sage_kernel": "int8_fp8", "epilogue_fusion": False})(torch.randn(1, 2, 8, 16))
     from sage_compile import _compat
 
-    # the user's option, and the graph prologue's own (IEEE division, no stride padding)
-    assert got == {"epilogue_fusion": False, **_compat.graph_prologue_inductor_patches()}
+    # the user's option, the graph prologue's own (no stride padding) and the AOT cache's marks
+    assert got == {"epilogue_fusion": False, **_compat.graph_prologue_inductor_patches(),
+                   **_compat.aot_cache_patches(backend._graph_prologues())}
     assert got["comprehensive_padding"] is False and counters["sage_compile"]["scheme:int8_fp8"] == 1
+
+
+def test_rewritten_graphs_hit_the_aot_autograd_cache():
+    """A graph with the graph prologue (Python functions in the graph) is cached by AOTAutograd: a second
+    compile of the same model skips the re-trace (CogVideoX-2B on the H200: 30 s vs Inductor's 7 s before);
+    the key carries this package's source hash, so an edited prologue misses."""
+    from torch._inductor.utils import fresh_cache
+
+    from sage_compile import _compat, _sources
+
+    m = sage_compile.models.TinyDiT(dim=32, heads=2, depth=1).eval()
+    x = torch.randn(1, 16, 16)
+    marks = _compat.aot_cache_patches(backend._graph_prologues())["unsafe_marked_cacheable_functions"]
+    assert marks["sage_compile.reference.int8_fp8.quantize"] == f"sage_compile {_sources.package_hash()}"
+    seen = []
+    with fresh_cache(), torch._inductor.config.patch(force_disable_caches=False), torch.no_grad():
+        for _ in range(2):
+            torch._dynamo.reset()
+            counters.clear()
+            torch.compile(m, backend=sage_compile.make_backend(kernel="int8_fp8", prologue="graph"))(x)
+            seen.append(dict(counters["aot_autograd"]))
+            assert counters["sage_compile"]["scheme:int8_fp8"] == 1  # the rewrite ran both times
+    torch._dynamo.reset()
+    assert seen[0].get("autograd_cache_miss") == 1 and not seen[0].get("autograd_cache_bypass"), seen
+    assert seen[1].get("autograd_cache_hit") == 1, seen
 
 
 def test_config_change_after_compilation_raises_never_stale():
