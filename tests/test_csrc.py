@@ -109,7 +109,7 @@ def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
         assert cuda.load() is None  # tried once per process
     assert len(calls) == 1 and calls[0].startswith("sage_int8_fp8_sm90_")
     st = cuda.status()
-    assert st["built"] is False and st["build_s"] >= 0 and st["select_s"] == 0
+    assert st["built"] is False and st["build_s"] >= 0 and st["select_s"] == 0 and st["prebuild_s"] is None
     assert st["error"] == "RuntimeError: Error building extension 'sage_int8_fp8_sm90': nvcc not found"
     assert "using the Triton core" in caplog.text
     assert os.environ.get("TORCH_CUDA_ARCH_LIST") != "9.0a"  # restored
@@ -147,6 +147,8 @@ def test_prebuild_runs_load_once_in_a_thread(monkeypatch):
     threads[0].join(10)
     assert cuda.load() is sentinel
     assert calls == ["sage_compile-cuda-build"]
+    st = cuda.status()
+    assert st["prebuild_s"] is not None and st["build_s"] < 1  # the thread's time apart from the caller's
     cuda.prebuild()  # after the build: nothing either
     assert cuda._prebuild["thread"] is threads[0] and calls == ["sage_compile-cuda-build"]
 

@@ -44,11 +44,12 @@ _lock = threading.Lock()
 
 def fresh_state() -> dict:
     """The state before :func:`load` (tests reset it with this)."""
-    return {"tried": False, "module": None, "error": None, "build_s": 0.0, "select_s": 0.0}
+    return {"tried": False, "module": None, "error": None, "build_s": 0.0, "select_s": 0.0, "prebuild_s": None}
 
 
 _state: dict = fresh_state()
 _prebuild: dict = {"thread": None}
+_PREBUILD_THREAD = "sage_compile-cuda-build"
 _choice: dict = {}
 _failures: set = set()
 
@@ -102,7 +103,7 @@ def prebuild() -> None:
     with _lock:
         if _state["tried"] or _prebuild["thread"] is not None:
             return
-        _prebuild["thread"] = threading.Thread(target=load, name="sage_compile-cuda-build", daemon=True)
+        _prebuild["thread"] = threading.Thread(target=load, name=_PREBUILD_THREAD, daemon=True)
         _prebuild["thread"].start()
 
 
@@ -112,7 +113,11 @@ def load():
     try:
         return _load()
     finally:
-        _state["build_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        if threading.current_thread().name == _PREBUILD_THREAD:
+            _state["prebuild_s"] = dt
+        else:
+            _state["build_s"] += dt
 
 
 def _load():
@@ -134,12 +139,12 @@ def _load():
 
 
 def status() -> dict:
-    """``{"built": bool, "error": str | None, "build_s": float, "select_s": float}``: ``built`` False before
-    :func:`load` was tried; ``build_s`` the seconds callers spent in :func:`load` (the build itself, or the
-    wait for :func:`prebuild`'s thread; the thread's own time is not counted), ``select_s`` the seconds
-    :func:`prefer_cuda` spent timing the two cores."""
+    """``{"built", "error", "build_s", "prebuild_s", "select_s"}``: ``built`` False before :func:`load` was
+    tried; ``build_s`` the seconds callers spent in :func:`load` (the build itself, or the wait for
+    :func:`prebuild`'s thread), ``prebuild_s`` that thread's own seconds (None: it did not run),
+    ``select_s`` the seconds :func:`prefer_cuda` spent timing the two cores (or reading the disk cache)."""
     return {"built": _state["module"] is not None, "error": _state["error"], "build_s": _state["build_s"],
-            "select_s": _state["select_s"]}
+            "prebuild_s": _state["prebuild_s"], "select_s": _state["select_s"]}
 
 
 def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype,
