@@ -48,7 +48,8 @@ class Options:
         max reductions); SmolLM2 fine-tune last-20 loss 1.0001x bf16 SDPA's (finetune_smollm2_split_h200.json).
     prologue: ``graph`` (default: the prologue as plain torch ops in the graph, so Inductor fuses it with
         the ops producing q/k/v — RoPE, QK-norm; compiled with stride padding off,
-        :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions are exact in fp64) or ``op`` (the prologue custom op:
+        :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by themselves,
+        :func:`sage_compile.reference.quant.div_rn`) or ``op`` (the prologue custom op:
         Triton kernels on CUDA). Same quantized values given the same inputs (the graph quantizes the
         producers' unrounded fp32 values). H200 (benchmarks/results/block_h200.json): the graph saves host
         time (CogVideoX-2B block at 4K tokens 1.85 -> 0.89 ms), equal GPU time at 16K on CogVideoX, 3 %

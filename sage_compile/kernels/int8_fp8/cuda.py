@@ -17,7 +17,8 @@ outputs agree to accumulation order (conventions.md rule 2).
 
 First-call cost: the backend starts the build in a background thread (:func:`prebuild`) as soon as it
 rewrites a CUDA ``int8_fp8`` site, so nvcc runs while Dynamo and Inductor compile the graph; the seconds
-spent are in :func:`status` (``build_s``: waiting + building, ``select_s``: timing the cores).
+spent are in :func:`status` (``build_s``: the callers' waiting or building, ``prebuild_s``: the background
+thread's build, ``select_s``: timing the cores).
 """
 from __future__ import annotations
 
