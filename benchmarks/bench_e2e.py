@@ -164,6 +164,25 @@ def attention_share(fn, device) -> tuple[float, float, float]:
     return attn, total, attention_op_ms(events)
 
 
+def _variant(m, var: str):
+    """``(callable, context factory)`` of one variant: ``eager``, ``inductor``, ``inductor_cudnn`` (SDPA
+    pinned to cuDNN, else Inductor's SDPA picks per call) or ``sage_<kernel>``. The context is a factory:
+    a generator context manager cannot be entered twice."""
+    import sage_compile
+
+    if var == "eager":
+        return m, contextlib.nullcontext
+    if var in ("inductor", "inductor_cudnn"):
+        if var == "inductor":
+            return torch.compile(m), contextlib.nullcontext
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return torch.compile(m), functools.partial(sdpa_kernel, [SDPBackend.CUDNN_ATTENTION])
+    if var.startswith("sage_"):
+        return torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):])), contextlib.nullcontext
+    raise ValueError(var)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="cogvideox", choices=["cogvideox", "flux", "wan", "hunyuan"])
@@ -187,19 +206,7 @@ def main():
     recs, ref, res, outs = [], None, {}, {}
     for var in a.variants.split(","):
         torch._dynamo.reset()
-        ctx = contextlib.nullcontext  # a factory: a generator context manager cannot be entered twice
-        if var == "eager":
-            fn_m = m
-        elif var in ("inductor", "inductor_cudnn"):
-            fn_m = torch.compile(m)
-            if var == "inductor_cudnn":  # SDPA pinned to cuDNN (else Inductor's SDPA picks per call)
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
-                ctx = functools.partial(sdpa_kernel, [SDPBackend.CUDNN_ATTENTION])
-        elif var.startswith("sage_"):
-            fn_m = torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):]))
-        else:
-            raise ValueError(var)
+        fn_m, ctx = _variant(m, var)
         with torch.no_grad(), ctx():
             sage_compile.debug.clear_reports()
             t0 = time.perf_counter()
@@ -253,8 +260,7 @@ def main():
               f"{split}", flush=True)
         if a.recompile and var != "eager":
             torch._dynamo.reset()
-            fn_m = torch.compile(m) if var.startswith("inductor") else (
-                torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):])))
+            fn_m, ctx = _variant(m, var)
             with torch.no_grad(), ctx():
                 t0 = time.perf_counter()
                 fn_m(**kw)

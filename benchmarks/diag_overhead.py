@@ -113,7 +113,7 @@ def graph():
         be = sage_compile.make_backend(compiler=compiler, kernel="int8_fp8", prologue=prologue,
                                        int8_channel_rescale=rescale)
         # div: Inductor's graph-global IEEE division on top (the backend no longer asks for it: the
-        # quantizers divide in fp64)
+        # quantizers' divisions are exact by themselves, sage_compile.reference.quant.div_rn)
         with torch._inductor.config.patch({key: bool(div)}), torch.no_grad():
             o = torch.compile(m, backend=be)(**kw)
         return torch.cat([t.flatten().float() for t in o])

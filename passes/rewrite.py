@@ -46,6 +46,20 @@ def _scale_arg(graph: fx.Graph, site: Site, emit):
     return float(out) if isinstance(out, (int, float)) else out
 
 
+GRAPH_PROLOGUE_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")  # the schemes whose sites call _prologue
+
+
+def _reference_prologue(scheme: str):
+    import importlib
+
+    return importlib.import_module(f"sage_compile.reference.{scheme}").quantize
+
+
+def graph_prologue_functions() -> list:
+    """The Python functions the rewrite may put in a graph as the graph prologue (one per scheme)."""
+    return [_reference_prologue(s) for s in GRAPH_PROLOGUE_SCHEMES]
+
+
 def _prologue(scheme: str, options, device_type: str):
     """The prologue a site calls: the custom op (``options.prologue == "op"``), or the reference's torch
     code (``"graph"``, on the device types :func:`sage_compile.policy.graph_prologue` allows), which
@@ -53,9 +67,7 @@ def _prologue(scheme: str, options, device_type: str):
     from sage_compile.policy import graph_prologue
 
     if graph_prologue(options, device_type):
-        import importlib
-
-        return importlib.import_module(f"sage_compile.reference.{scheme}").quantize
+        return _reference_prologue(scheme)
     if options.prologue not in ("op", "graph"):
         raise ValueError(f"sage_compile: prologue must be 'op' or 'graph', got {options.prologue!r}")
     return getattr(torch.ops.sage_compile, f"quantize_{scheme}").default

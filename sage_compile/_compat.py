@@ -80,8 +80,8 @@ def graph_prologue_inductor_patches() -> dict:
 
     Not IEEE division (:func:`inductor_division_rounding_key`): the quantizers' divisions are exact
     without it (:func:`sage_compile.reference.quant.div_rn`: ``addcdiv``, which Inductor lowers with
-    ``div_rn``, or fp64 rounded once); the option is graph-global and made the model's own norms (Flux's RMSNorm) divide with ``div_rn`` per
-    element, twice their time on the H200."""
+    ``div_rn``, or fp64 rounded once); the option is graph-global and made the model's own norms
+    (Flux's RMSNorm) divide with ``div_rn`` per element, twice their time on the H200."""
     import torch._inductor.config as c
 
     return {"comprehensive_padding": False} if hasattr(c, "comprehensive_padding") else {}

@@ -37,13 +37,6 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
     return debug.record(before, graph.python_code("self").src, sites, decisions, cfg.dump_dir)
 
 
-def _graph_prologues() -> list:
-    """The reference prologues the rewrite may call in the graph (``prologue="graph"``)."""
-    import importlib
-
-    return [importlib.import_module(f"sage_compile.reference.{s}").quantize for s in ("int8_fp8", "int8_fp16", "fp4")]
-
-
 def _prebuild_cuda_core() -> None:
     """Start building the CUDA int8_fp8 core in the background (it builds at its first call otherwise,
     after the whole compile): nvcc runs while Inductor compiles."""
@@ -71,7 +64,9 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
     if cfg.options.prologue == "graph":
         patches.update(_compat.graph_prologue_inductor_patches())
     # always: the package hash then joins every cache key of a graph we rewrote (our ops' fakes included)
-    patches.update(_compat.aot_cache_patches(_graph_prologues()))
+    from .passes.rewrite import graph_prologue_functions
+
+    patches.update(_compat.aot_cache_patches(graph_prologue_functions()))
     patches.update(options)
     with _compat.graph_prologue_choices() if cfg.options.prologue == "graph" else contextlib.nullcontext():
         compiled = compile_fx(gm, example_inputs, config_patches=patches)

@@ -12,7 +12,7 @@ from helpers import cos_rel
 from torch._dynamo.utils import counters
 
 import sage_compile
-from sage_compile import backend
+from sage_compile.passes.rewrite import graph_prologue_functions
 from sage_compile import hooks
 
 SCRIPT = textwrap.dedent("""
@@ -109,7 +109,7 @@ def test_mode_and_options_reach_inductor(monkeypatch):
 
     # the user's option, the graph prologue's own (no stride padding) and the AOT cache's marks
     assert got == {"epilogue_fusion": False, **_compat.graph_prologue_inductor_patches(),
-                   **_compat.aot_cache_patches(backend._graph_prologues())}
+                   **_compat.aot_cache_patches(graph_prologue_functions())}
     assert got["comprehensive_padding"] is False and counters["sage_compile"]["scheme:int8_fp8"] == 1
 
 
@@ -123,7 +123,7 @@ def test_rewritten_graphs_hit_the_aot_autograd_cache():
 
     m = sage_compile.models.TinyDiT(dim=32, heads=2, depth=1).eval()
     x = torch.randn(1, 16, 16)
-    marks = _compat.aot_cache_patches(backend._graph_prologues())["unsafe_marked_cacheable_functions"]
+    marks = _compat.aot_cache_patches(graph_prologue_functions())["unsafe_marked_cacheable_functions"]
     assert marks["sage_compile.reference.int8_fp8.quantize"] == f"sage_compile {_sources.package_hash()}"
     seen = []
     with fresh_cache(), torch._inductor.config.patch(force_disable_caches=False), torch.no_grad():
