@@ -35,21 +35,44 @@ _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.fl
 
 
 @triton.jit
-def _masked(z, qi, kj, lse, MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    """Log2 logits ``z`` with everything invisible set to -inf. ``qi`` / ``kj``: the query / key index of
-    each element (broadcast views, so the same code serves (queries x keys) and transposed tiles): out of
-    bounds, causally hidden (key > query + coff), masked out (bool) or rows without any key (lse -inf).
-    Additive masks (natural-log units) are added."""
-    keep = (qi < LQ) & (kj < LK) & (lse != float("-inf"))
-    if CAUSAL != 0:
-        keep = keep & (kj <= qi + coff)
-    if MASK_KIND == 1:
-        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=keep, other=0)
-        keep = keep & (mk != 0)
+def _masked(z, qi, kj, MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+            EVEN_N: tl.constexpr):
+    """Log2 logits ``z`` of a (queries x keys) tile with every invisible key set to -inf. ``qi`` / ``kj``:
+    the query (column vector) / key (row vector) indices: keys out of bounds (checked unless ``EVEN_N``:
+    LK is a multiple of the key tile), causally hidden (key > query + coff) or masked out (bool).
+    Additive masks (natural-log units) are added. Query rows out of bounds or without any visible key are
+    the callers' (never stored, or P = 0 through their LSE: :func:`_lse2`)."""
     if MASK_KIND == 2:
-        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=keep, other=0.0)
+        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=(qi < LQ) & (kj < LK), other=0.0)
         z = z + mk.to(tl.float32) * 1.4426950408889634
-    return tl.where(keep, z, float("-inf"))
+    if MASK_KIND == 1:
+        mk = tl.load(MASK + mbase + qi * smq + kj * smk, mask=(qi < LQ) & (kj < LK), other=0)
+        z = tl.where(mk != 0, z, float("-inf"))
+    if CAUSAL != 0:
+        z = tl.where(kj <= qi + coff, z, float("-inf"))
+    if not EVEN_N:
+        z = tl.where(kj < LK, z, float("-inf"))
+    return z
+
+
+@triton.jit
+def _lse2(lse):
+    """The saved LSE in log2 units for P = exp2(z − lse2); a row without keys (LSE −inf) gets +inf, so its
+    P is exp2(−inf) = 0 everywhere without a per-element test."""
+    return tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+
+
+@triton.jit
+def _to_i8(y, EMULATE: tl.constexpr):
+    """fp32 values with |y| <= 127 (plus rounding) -> int8, round to nearest even. On the GPU one
+    ``cvt.rni`` per value: an amax-scaled value never rounds past 127 (|x|·RN(127/amax) <= 127·(1+2^-23)),
+    so no clamp is needed; the interpreter path rounds in fp32 and clamps."""
+    if EMULATE:
+        r = tl.minimum(tl.maximum(rne(y, EMULATE), -127.0), 127.0).to(tl.int8)
+    else:
+        r = tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,r", [y], dtype=tl.int32, is_pure=True,
+                                      pack=1).to(tl.int8)
+    return r
 
 
 @triton.jit
@@ -57,18 +80,25 @@ def _psi(x, EMULATE: tl.constexpr):
     """ψ: INT8 values of a whole tile with one scale (amax / 127); returns (int8 tile, scale)."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     r = tl.where(amax > 0, 127.0 / amax, 0.0)
-    y = tl.minimum(tl.maximum(rne(x * r, EMULATE), -127.0), 127.0)
-    return y.to(tl.int8), amax / 127.0
+    return _to_i8(x * r, EMULATE), amax / 127.0
 
 
 @triton.jit
 def _psi_rows(x, EMULATE: tl.constexpr):
     """ψ with one scale per row (row amax / 127): (int8 tile, scales (rows,)). Row scales factor out of
-    an integer dot whose output rows they index (``psi="split"``)."""
+    an integer dot whose output rows they index (``psi="split"``, dS in dQ)."""
     amax = tl.max(tl.abs(x), axis=1)
     r = tl.where(amax > 0, 127.0 / amax, 0.0)
-    y = tl.minimum(tl.maximum(rne(x * r[:, None], EMULATE), -127.0), 127.0)
-    return y.to(tl.int8), amax / 127.0
+    return _to_i8(x * r[:, None], EMULATE), amax / 127.0
+
+
+@triton.jit
+def _psi_cols(x, EMULATE: tl.constexpr):
+    """ψ with one scale per column (column amax / 127): (int8 tile, scales (columns,)): per key of a
+    (queries x keys) tile, the rows of dV / dK (``psi="split"``)."""
+    amax = tl.max(tl.abs(x), axis=0)
+    r = tl.where(amax > 0, 127.0 / amax, 0.0)
+    return _to_i8(x * r[None, :], EMULATE), amax / 127.0
 
 
 @triton.jit
@@ -81,25 +111,36 @@ def _mm16(x, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+def _tile_mask(rows, LIMIT, rd, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """In-bounds mask of a (rows x BLOCK_D) tile: rows below LIMIT, and channels below D only where the
+    tile is wider than the head (a mask that is constant along the channels keeps the loads vectorised)."""
+    m = rows[:, None] < LIMIT
+    if BLOCK_D != D:
+        m = m & (rd[None, :] < D)
+    return m
+
+
+@triton.jit
+def _query_tile(Q8, HQ, GROUP, LQ, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's BLOCK_M queries of one (batch, query head): ``(q̂ tile, bh, b, h, bhk (its kv head),
-    query offsets, channel offsets, in-bounds query mask)``."""
+    query offsets, channel offsets, in-bounds query mask, in-bounds tile mask)``."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     bhk = b * (HQ // GROUP) + h // GROUP
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
     qin = offs_m < LQ
-    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=qin[:, None] & (rd[None, :] < D), other=0)
-    return q, bh, b, h, bhk, offs_m, rd, qin
+    inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
+    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+    return q, bh, b, h, bhk, offs_m, rd, qin, inb
 
 
 @triton.jit
 def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
-                HQ, GROUP, LQ, LK, D, NQB, NKB,
+                HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
                 CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    q, bh, b, h, bhk, offs_m, rd, min_ = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+                BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    q, bh, b, h, bhk, offs_m, rd, min_, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
     coff = LK - LQ if CAUSAL == 2 else 0
@@ -112,22 +153,23 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, 
     mbase = b * smb + h * smh
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+        kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
         k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
         v = tl.load(V8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)  # tokens contiguous
         ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
         vsc = tl.load(VS + bhk * NKB + n0 // BLOCK_N)
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-        z = s.to(tl.float32) * qsc[:, None] * ksc
-        z = _masked(z, offs_m[:, None], offs_n[None, :], tl.zeros((1, 1), tl.float32), MASK, mbase, smq, smk, LQ, LK,
-                    coff, CAUSAL, MASK_KIND)
+        z = s.to(tl.float32) * (qsc * ksc)[:, None]
+        # rows past LQ compute finite garbage that is never stored
+        z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
+                    EVEN_N)
         m_new = tl.maximum(m_i, tl.max(z, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(z - m_safe[:, None])
         pmax = tl.max(p, axis=1)
         r = tl.where(pmax > 0, 127.0 / pmax, 0.0)
-        p8 = tl.minimum(rne(p * r[:, None], EMULATE), 127.0).to(tl.int8)
+        p8 = _to_i8(p * r[:, None], EMULATE)
         pv = tl.dot(p8, v, out_dtype=tl.int32)
         acc = acc * alpha[:, None] + pv.to(tl.float32) * ((pmax / 127.0) * vsc)[:, None]
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -136,13 +178,12 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, 
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     out = tl.where(empty[:, None], 0.0, out)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) / 1.4426950408889634)
-    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], out.to(OUT.dtype.element_ty),
-             mask=min_[:, None] & (rd[None, :] < D))
+    tl.store(OUT + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], out.to(OUT.dtype.element_ty), mask=inb)
     tl.store(LSE + bh * LQ + offs_m, lse, mask=min_)
 
 
 @triton.jit
-def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D, NQB,
+def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D: tl.constexpr, NQB,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block, stored
     transposed (B, H, D, N): the K-major operand of dV = ψ(P)ᵀ·ψ(dO)."""
@@ -150,7 +191,7 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
     b, h = bh // HQ, bh % HQ
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
-    inb = (offs_m[:, None] < LQ) & (rd[None, :] < D)
+    inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
     o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], mask=inb, other=0.0).to(tl.float32)
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + rd[None, :], mask=inb, other=0.0)
     do16 = do.to(DO16.dtype.element_ty)
@@ -163,21 +204,25 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
 
 
 @triton.jit
-def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
-              smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D, NQB, NKB,
+def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
+              smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EMULATE: tl.constexpr):
+              BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    """dK, dV of one BLOCK_N-key block. Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the
+    warps of the program split the rows and none computes a replica (a 64-row tile over 8 warps would be
+    computed twice); Pᵀ and dSᵀ go to the INT8 dots through shared memory."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
-    kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+    kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
     k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-    v8 = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
     ksc = tl.load(KS + bhk * NKB + pid_n)
-    v16 = (v8.to(tl.float32) * tl.load(VS + bhk * NKB + pid_n)).to(DO16.dtype.element_ty)
+    v16 = _mm16(tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0), EMULATE)
+    # transposed once here, so their shared-memory copies are made once, not per query block
+    kT, v16T = tl.trans(k), tl.trans(v16)
     coff = LK - LQ if CAUSAL == 2 else 0
     lo = 0
     if CAUSAL != 0:
@@ -191,52 +236,50 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V8, VS, MASK, LSE, DELTA, DO16, DO8T, SDO, DK
         for m0 in range(lo, LQ, BLOCK_M):
             offs_m = m0 + tl.arange(0, BLOCK_M)
             qin = offs_m < LQ
-            inb = qin[:, None] & (rd[None, :] < D)
+            inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
             q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
             qraw = tl.load(QS + bh * NQB + m0 // 128)
-            lse = tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf"))
+            # rows past LQ: LSE -inf, so P = 0 there
+            lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
             delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
-            # transposed tiles: rows = keys, columns = queries
-            zt = tl.dot(k, tl.trans(q), out_dtype=tl.int32).to(tl.float32) * (qraw * c) * ksc
-            zt = _masked(zt, offs_m[None, :], offs_n[:, None], lse[None, :], MASK, mbase, smq, smk, LQ, LK, coff,
-                         CAUSAL, MASK_KIND)
-            pt = tl.math.exp2(zt - lse[None, :] * 1.4426950408889634)
-            pt = tl.where(zt == float("-inf"), 0.0, pt)
+            z = tl.dot(q, kT, out_dtype=tl.int32).to(tl.float32) * (qraw * c * ksc)
+            z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
+                        EVEN_N)
+            p = tl.math.exp2(z - lse2[:, None])
             do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             sdo = tl.load(SDO + bh * NQB + m0 // 128)
             if PSI_ROWS:  # one scale per key (over this 128-query block)
-                p8, sp = _psi_rows(pt, EMULATE)
-                dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
+                p8, sp = _psi_cols(p, EMULATE)
+                dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
             else:
-                p8, sp = _psi(pt, EMULATE)
-                dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
+                p8, sp = _psi(p, EMULATE)
+                dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
-            dpt = tl.dot(_mm16(v16, EMULATE), tl.trans(_mm16(do16, EMULATE)))
+            dp = tl.dot(_mm16(do16, EMULATE), v16T)
             qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
+            ds = p * (dp - delta[:, None])
             if PSI_ROWS:
-                ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
-                dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
+                ds8, sds = _psi_cols(ds, EMULATE)
+                dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
             else:
-                ds8, sds = _psi(pt * (dpt - delta[None, :]), EMULATE)
-                dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
-    st = (offs_n[:, None] < LK) & (rd[None, :] < D)
+                ds8, sds = _psi(ds, EMULATE)
+                dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
     optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
-    tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=st)
-    tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=st)
+    tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=kv)
+    tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=kv)
 
 
 @triton.jit
-def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
-            smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D, NQB, NKB,
+def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
+            smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EMULATE: tl.constexpr):
-    q, bh, b, h, bhk, offs_m, rd, qin = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+            BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    q, bh, b, h, bhk, offs_m, rd, qin, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
-    inb = qin[:, None] & (rd[None, :] < D)
     qsc = tl.load(QS + bh * NQB + pid_m) * c
-    lse = tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf"))
+    lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
     delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
-    do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
+    do16 = _mm16(tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0), EMULATE)
     coff = LK - LQ if CAUSAL == 2 else 0
     hi = LK
     if CAUSAL != 0:
@@ -246,17 +289,15 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V8, VS, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, s
     mbase = b * smb + h * smh
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        kv = (offs_n[:, None] < LK) & (rd[None, :] < D)
+        kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
         k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-        v8 = tl.load(V8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+        v16 = tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0)
         ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
-        v16 = (v8.to(tl.float32) * tl.load(VS + bhk * NKB + n0 // BLOCK_N)).to(DO16.dtype.element_ty)
-        z = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * qsc * ksc
-        z = _masked(z, offs_m[:, None], offs_n[None, :], lse[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
-                    MASK_KIND)
-        p = tl.math.exp2(z - lse[:, None] * 1.4426950408889634)
-        p = tl.where(z == float("-inf"), 0.0, p)
-        dp = tl.dot(_mm16(do16, EMULATE), tl.trans(_mm16(v16, EMULATE)))
+        z = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (qsc * ksc)
+        z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
+                    EVEN_N)
+        p = tl.math.exp2(z - lse2[:, None])
+        dp = tl.dot(do16, tl.trans(_mm16(v16, EMULATE)))
         kt = tl.load(K8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)
         if PSI_ROWS:  # one scale per query row in this key tile
             ds8, sds = _psi_rows(p * (dp - delta[:, None]), EMULATE)
@@ -284,8 +325,8 @@ def _bwd_configs():
     return [triton.Config({}, num_warps=w, num_stages=s) for w, s in ((8, 2), (8, 1), (4, 2), (8, 3))]
 
 
-_fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D"])(_fwd_kernel)
-_BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "PSI_ROWS"]
+_fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "EVEN_N"])(_fwd_kernel)
+_BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "PSI_ROWS", "EVEN_N"]
 _dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dkdv)
 _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dq)
 
@@ -329,7 +370,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     args = (q8, qs, k8, ks, v8t, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
             hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_KV,
-                BLOCK_D=max(16, triton.next_power_of_2(d)), EMULATE=EMULATE_FP8)
+                BLOCK_D=max(16, triton.next_power_of_2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
     if lq == 0:
         return out, lse
     if config is not None or EMULATE_FP8:
@@ -372,14 +413,16 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
-                PSI_ROWS=psi == "split", EMULATE=EMULATE_FP8)
+                PSI_ROWS=psi == "split", EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
     q8t, k8t = q8.transpose(2, 3).contiguous(), k8.transpose(2, 3).contiguous()
-    dkdv_args = (q8, q8t, qs, k8, ks, v8, vs, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
+    # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
+    v16 = (v8.float() * vs.repeat_interleave(BLOCK_KV, dim=-1)[..., :lk, None]).to(do16.dtype)
+    dkdv_args = (q8, q8t, qs, k8, ks, v16, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
                  *bhn_strides(dk, layout), *common)
-    dq_args = (q8, qs, k8, k8t, ks, v8, vs, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
+    dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
