@@ -21,6 +21,7 @@ from .layout import from_hnd, to_hnd
 from .quant import dequant_int8, quant_int8, smooth_k
 
 BLOCK_M, BLOCK_N = 128, 64
+SPLIT_M = 64  # psi="split": queries per ψ(P) / ψ(dS) scale of one key (dV, dK)
 _DTYPE16 = {torch.float32: torch.bfloat16}
 
 
@@ -80,7 +81,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     dO·Vᵀ (the SageBwd paper shows it hurts dQ); ``k_block`` tokens per K scale; ``ds_block`` the
     (queries, keys) tile sharing one ψ(dS) scale. ``psi="split"``: one scale per row of each matmul's
     own operand (the finest that still factors out of an integer dot): ψ(dS) per query row in each
-    64-key tile for dQ, per key over each 128-query block for dK, ψ(P) per key for dV."""
+    64-key tile for dQ, per key over each ``SPLIT_M`` (64) -query block for dK, ψ(P) the same for dV."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     sm = engine.default_scale(scale, d)
@@ -98,7 +99,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     split = psi == "split"
     if psi not in ("tile", "split"):
         raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
-    dvx = _tile_quant(p, BLOCK_M, 1 if split else BLOCK_N).transpose(-1, -2) @ _tile_quant(dof, BLOCK_M, d)
+    pq = _tile_quant(p, SPLIT_M, 1) if split else _tile_quant(p, BLOCK_M, BLOCK_N)
+    dvx = pq.transpose(-1, -2) @ _tile_quant(dof, BLOCK_M, d)
     d16 = _DTYPE16.get(in_dtype, in_dtype)
     if dp_int8:
         dp = _tile_quant(dof, BLOCK_M, d) @ _tile_quant(vf, BLOCK_N, d).transpose(-1, -2)
@@ -108,7 +110,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     ds_full = p * (dp - delta)
     ds = _tile_quant(ds_full, 1, BLOCK_N) if split else _tile_quant(ds_full, *ds_block)
     dq = (ds @ kf + ds.sum(-1, keepdim=True) * engine.gqa_expand(k_mean, hq)) * sm
-    dsk = _tile_quant(ds_full, BLOCK_M, 1) if split else ds
+    dsk = _tile_quant(ds_full, SPLIT_M, 1) if split else ds
     dkx = (dsk.transpose(-1, -2) @ qf) * sm
     g = hq // hkv
     dk, dv = dkx.unflatten(1, (hkv, g)).sum(2), dvx.unflatten(1, (hkv, g)).sum(2)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
+from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
 from .quantize import BLOCK_KV, BLOCK_Q
@@ -90,15 +91,6 @@ def _psi_rows(x, EMULATE: tl.constexpr):
     amax = tl.max(tl.abs(x), axis=1)
     r = tl.where(amax > 0, 127.0 / amax, 0.0)
     return _to_i8(x * r[:, None], EMULATE), amax / 127.0
-
-
-@triton.jit
-def _psi_cols(x, EMULATE: tl.constexpr):
-    """ψ with one scale per column (column amax / 127): (int8 tile, scales (columns,)): per key of a
-    (queries x keys) tile, the rows of dV / dK (``psi="split"``)."""
-    amax = tl.max(tl.abs(x), axis=0)
-    r = tl.where(amax > 0, 127.0 / amax, 0.0)
-    return _to_i8(x * r[None, :], EMULATE), amax / 127.0
 
 
 @triton.jit
@@ -207,10 +199,11 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
 def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
               smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
-    """dK, dV of one BLOCK_N-key block. Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the
-    warps of the program split the rows and none computes a replica (a 64-row tile over 8 warps would be
-    computed twice); Pᵀ and dSᵀ go to the INT8 dots through shared memory."""
+              BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    """dK, dV of one BLOCK_N (64) -key block with ``psi="tile"`` (one scale per 128-query x 64-key tile of
+    P and dS). Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the warps of the program split
+    the rows and none computes a replica (a 64-row tile over 8 warps would be computed twice); Pᵀ and dSᵀ
+    go to the INT8 dots through shared memory."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
@@ -248,22 +241,69 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
             p = tl.math.exp2(z - lse2[:, None])
             do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             sdo = tl.load(SDO + bh * NQB + m0 // 128)
-            if PSI_ROWS:  # one scale per key (over this 128-query block)
-                p8, sp = _psi_cols(p, EMULATE)
-                dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
-            else:
-                p8, sp = _psi(p, EMULATE)
-                dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
+            p8, sp = _psi(p, EMULATE)
+            dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dp = tl.dot(_mm16(do16, EMULATE), v16T)
             qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             ds = p * (dp - delta[:, None])
-            if PSI_ROWS:
-                ds8, sds = _psi_cols(ds, EMULATE)
-                dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
-            else:
-                ds8, sds = _psi(ds, EMULATE)
-                dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
+            ds8, sds = _psi(ds, EMULATE)
+            dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
+    optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
+    tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=kv)
+    tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=kv)
+
+
+@triton.jit
+def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
+                    smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
+                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    """dK, dV of one BLOCK_N (128) -key block with ``psi="split"``: tiles are (keys x queries), BLOCK_M
+    (64) queries a step, so each warpgroup owns 64 keys, ψ(P) and ψ(dS) (one scale per key over the 64
+    queries, ``SPLIT_M``) reduce inside a warp, and Pᵀ, dSᵀ are the INT8 dots' A operands as they are."""
+    pid_n, bhk = tl.program_id(0), tl.program_id(1)
+    HKV = HQ // GROUP
+    b, hk = bhk // HKV, bhk % HKV
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    kin = offs_n < LK
+    kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
+    k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
+    ksc = tl.load(KS + bhk * NKB + offs_n // 64, mask=kin, other=0.0) * c  # K scales: 64 tokens each
+    v16 = _mm16(tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0), EMULATE)
+    coff = LK - LQ if CAUSAL == 2 else 0
+    lo = 0
+    if CAUSAL != 0:
+        lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
+    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        bh = b * HQ + h
+        mbase = b * smb + h * smh
+        for m0 in range(lo, LQ, BLOCK_M):
+            offs_m = m0 + tl.arange(0, BLOCK_M)
+            qin = offs_m < LQ
+            inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
+            q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+            qraw = tl.load(QS + bh * NQB + m0 // 128)  # Q and dO scales: 128 tokens each
+            lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
+            delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
+            zt = tl.dot(k, tl.trans(q), out_dtype=tl.int32).to(tl.float32) * (ksc * qraw)[:, None]
+            zt = _masked(zt, offs_m[None, :], offs_n[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
+                         MASK_KIND, EVEN_N)
+            pt = tl.math.exp2(zt - lse2[None, :])
+            do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
+            sdo = tl.load(SDO + bh * NQB + m0 // 128)
+            p8, sp = _psi_rows(pt, EMULATE)
+            dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
+            do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
+            dpt = tl.dot(v16, tl.trans(_mm16(do16, EMULATE)))
+            qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
+            ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
+            dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
     optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
     tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=kv)
     tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=kv)
@@ -326,9 +366,13 @@ def _bwd_configs():
 
 
 _fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "EVEN_N"])(_fwd_kernel)
-_BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "PSI_ROWS", "EVEN_N"]
+_BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "EVEN_N"]
 _dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dkdv)
-_dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dq)
+# (keys x queries) tiles of 128 x 64: 4 warps would hold twice the accumulators per thread and spill
+_dkdv_split_tuned = triton.autotune(configs=[c for c in _bwd_configs() if c.num_warps == 8], key=_BWD_KEY)(
+    _bwd_dkdv_split)
+_dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])(_bwd_dq)
+SPLIT_BLOCK_N = 128  # keys per _bwd_dkdv_split program (queries per step: reference.int8_train.SPLIT_M)
 
 
 def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
@@ -412,8 +456,11 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                             hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, BLOCK_D=bd,
-                PSI_ROWS=psi == "split", EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=bd, EMULATE=EMULATE_FP8)
+    dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=psi == "split", EVEN_N=lk % BLOCK_KV == 0)
+    split = psi == "split"
+    kblock = SPLIT_BLOCK_N if split else BLOCK_KV
+    dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, BLOCK_N=kblock, EVEN_N=lk % kblock == 0)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
@@ -424,11 +471,12 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
+    grid_kv = (triton.cdiv(lk, kblock), b * hkv)
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
-        _bwd_dkdv[(nkb, b * hkv)](*dkdv_args, **meta, **cfg)
-        _bwd_dq[(nqb, b * hq)](*dq_args, **meta, **cfg)
+        (_bwd_dkdv_split if split else _bwd_dkdv)[grid_kv](*dkdv_args, **dkdv_meta, **cfg)
+        _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
     else:
-        _dkdv_tuned[(nkb, b * hkv)](*dkdv_args, **meta)
-        _dq_tuned[(nqb, b * hq)](*dq_args, **meta)
+        (_dkdv_split_tuned if split else _dkdv_tuned)[grid_kv](*dkdv_args, **dkdv_meta)
+        _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     return dq, dk, dv
