@@ -261,13 +261,18 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
                     BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
     """dK, dV of one BLOCK_N (128) -key block with ``psi="split"``: tiles are (keys x queries), BLOCK_M
     (64) queries a step, so each warpgroup owns 64 keys, ψ(P) and ψ(dS) (one scale per key over the 64
-    queries, ``SPLIT_M``) reduce inside a warp, and Pᵀ, dSᵀ are the INT8 dots' A operands as they are."""
+    queries, ``SPLIT_M``) reduce inside a warp, and Pᵀ, dSᵀ are the INT8 dots' A operands as they are.
+    dK and dV are accumulated as two channel halves each, so an INT8 dot's int32 product is half a tile
+    (the registers of a whole one would spill)."""
+    HALF: tl.constexpr = BLOCK_D // 2
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
+    r0 = tl.arange(0, HALF)
+    r1 = HALF + r0
     kin = offs_n < LK
     kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
     k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
@@ -277,8 +282,10 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
     lo = 0
     if CAUSAL != 0:
         lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
-    dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    dk0 = tl.zeros((BLOCK_N, HALF), tl.float32)
+    dk1 = tl.zeros((BLOCK_N, HALF), tl.float32)
+    dv0 = tl.zeros((BLOCK_N, HALF), tl.float32)
+    dv1 = tl.zeros((BLOCK_N, HALF), tl.float32)
     for g in range(0, GROUP):
         h = hk * GROUP + g
         bh = b * HQ + h
@@ -287,6 +294,8 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
             offs_m = m0 + tl.arange(0, BLOCK_M)
             qin = offs_m < LQ
             inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
+            in0 = _tile_mask(offs_m, LQ, r0, D, BLOCK_D)
+            in1 = _tile_mask(offs_m, LQ, r1, D, BLOCK_D)
             q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
             qraw = tl.load(QS + bh * NQB + m0 // 128)  # Q and dO scales: 128 tokens each
             lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
@@ -295,18 +304,28 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
             zt = _masked(zt, offs_m[None, :], offs_n[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
                          MASK_KIND, EVEN_N)
             pt = tl.math.exp2(zt - lse2[None, :])
-            do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             sdo = tl.load(SDO + bh * NQB + m0 // 128)
             p8, sp = _psi_rows(pt, EMULATE)
-            dv += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)[:, None]
+            sv = (sp * sdo)[:, None]
+            do8 = tl.load(DO8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
+            dv0 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
+            do8 = tl.load(DO8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
+            dv1 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dpt = tl.dot(v16, tl.trans(_mm16(do16, EMULATE)))
-            qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
-            dk += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)[:, None]
-    optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
-    tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=kv)
-    tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=kv)
+            sk = (sds * qraw)[:, None]
+            qt = tl.load(Q8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
+            dk0 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
+            qt = tl.load(Q8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
+            dk1 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
+    optr = b * skb + hk * skh + offs_n[:, None] * skn
+    st0 = _tile_mask(offs_n, LK, r0, D, BLOCK_D)
+    st1 = _tile_mask(offs_n, LK, r1, D, BLOCK_D)
+    tl.store(DK + optr + r0[None, :], (dk0 * sm).to(DK.dtype.element_ty), mask=st0)
+    tl.store(DK + optr + r1[None, :], (dk1 * sm).to(DK.dtype.element_ty), mask=st1)
+    tl.store(DV + optr + r0[None, :], dv0.to(DV.dtype.element_ty), mask=st0)
+    tl.store(DV + optr + r1[None, :], dv1.to(DV.dtype.element_ty), mask=st1)
 
 
 @triton.jit
