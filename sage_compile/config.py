@@ -41,11 +41,12 @@ class Options:
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
     int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``split`` (default: one per row of
-        each matmul's own operand — per query row for dQ, per key for dK and dV) or ``tile`` (one per
-        128x64 tile, the paper's). Reference study (benchmarks/results/ablation_sagebwd.json, N=1024 hd128):
-        dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 -> 0.9991. H200
-        (benchmarks/results/train_h200.json): forward+backward 3-8 % faster than ``tile`` (no whole-tile
-        max reductions); SmolLM2 fine-tune last-20 loss 1.0001x bf16 SDPA's (finetune_smollm2_split_h200.json).
+        each matmul's own operand — per query row over each 64-key tile for dQ, per key over each 64-query
+        block for dK and dV) or ``tile`` (one per 128x64 tile, the paper's). Reference study
+        (benchmarks/results/ablation_sagebwd.json, N=1024 hd128, made when split's per-key scales spanned
+        128 queries): dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 ->
+        0.9991. H200 run 32 (benchmarks/results/train_h200.json): forward+backward 4-12 % faster than
+        ``tile``; SmolLM2 fine-tune last-20 loss 1.0002x bf16 SDPA's (finetune_smollm2_split64_h200.json).
     prologue: ``graph`` (default: the prologue as plain torch ops in the graph, so Inductor fuses it with
         the ops producing q/k/v — RoPE, QK-norm; compiled with stride padding off,
         :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by themselves,

@@ -5,13 +5,15 @@ Forward, per (batch, head, BLOCK_M queries): S = int8 q̂·k̂ᵀ (exact int32) 
 each tile (δ_P = row max / 127) and multiplied with the INT8 V tile (exact int32); O and the LSE saved.
 
 Backward, FlashAttention-2 style in two kernels that recompute P = exp(S − LSE) from q̂, k̂:
-``_bwd_dkdv`` per 64-key block (looping over the query heads of its GQA group and 128-query blocks):
+a dK/dV kernel per key block (looping over the query heads of its GQA group and the query blocks):
 dV += ψ(P)ᵀ·ψ(dO), dK += ψ(dS)ᵀ·Q̂ (INT8, int32); ``_bwd_dq`` per 128-query block: dQ += ψ(dS)·K̂ plus
 rowsum(ψ(dS))·μ_K (the K-smoothing correction). dP = dO·Vᵀ in 16-bit with fp32 accumulation, V̂
-dequantized to the 16-bit type as the reference does; dS = P∘(dP − rowsum(dO∘O)). ψ: one INT8 scale per
-(128 queries x 64 keys) tile of P and dS and per (128 x D) tile of dO, tiles aligned at 0 as in the
-reference, so kernels and reference quantize the same sets; with ``psi="split"`` one scale per key (over
-the 128-query block) for P and dS in dV / dK, and per query row (over the 64-key tile) for dS in dQ.
+dequantized once to the 16-bit type as the reference does; dS = P∘(dP − rowsum(dO∘O)). ψ: one INT8
+scale per (128 queries x 64 keys) tile of P and dS and per (128 x D) tile of dO, tiles aligned at 0 as
+in the reference, so kernels and reference quantize the same sets (``_bwd_dkdv``: 64 keys x 128-query
+tiles); with ``psi="split"`` one scale per key over each 64-query block (``SPLIT_M``) for P and dS in
+dV / dK (``_bwd_dkdv_split``: 128 keys x 64-query tiles), and per query row (over the 64-key tile) for dS
+in dQ. Every tile is laid out so that the program's 8 warps split its rows: none computes a replica.
 Masks: causal (top_left / bottom_right) from indices, bool / additive masks read in-kernel; a head-shared
 bool mask that is exactly causal (or all true) is recognised first and run as the causal (or unmasked)
 kernel.
