@@ -198,14 +198,10 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
 
 
 @triton.jit
-def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
-              smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
-              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
-    """dK, dV of one BLOCK_N (64) -key block with ``psi="tile"`` (one scale per 128-query x 64-key tile of
-    P and dS). Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the warps of the program split
-    the rows and none computes a replica (a 64-row tile over 8 warps would be computed twice); Pᵀ and dSᵀ
-    go to the INT8 dots through shared memory."""
+def _key_block(K8, V16, HQ, GROUP, LQ, LK, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    """This dK/dV program's BLOCK_N keys of one (batch, kv head): ``(k̂ tile, V̂ 16-bit tile, b, kv head,
+    bhk, key offsets, channel offsets, in-bounds tile mask, causal offset, first query block)``."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
@@ -214,14 +210,43 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
     rd = tl.arange(0, BLOCK_D)
     kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
     k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-    ksc = tl.load(KS + bhk * NKB + pid_n)
     v16 = _mm16(tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0), EMULATE)
-    # transposed once here, so their shared-memory copies are made once, not per query block
-    kT, v16T = tl.trans(k), tl.trans(v16)
     coff = LK - LQ if CAUSAL == 2 else 0
     lo = 0
     if CAUSAL != 0:
         lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
+    return k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo
+
+
+@triton.jit
+def _query_step(Q8, QS, LSE, DELTA, bh, m0, LQ, NQB, rd, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """One query step of a dK/dV program: ``(query offsets, in-bounds query mask, tile mask, q̂ tile, its
+    raw scale (Q and dO scales: 128 tokens each), LSE in log2 units (rows past LQ: P = 0), delta)``."""
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    qin = offs_m < LQ
+    inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
+    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
+    qraw = tl.load(QS + bh * NQB + m0 // 128)
+    lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
+    delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
+    return offs_m, qin, inb, q, qraw, lse2, delta
+
+
+@triton.jit
+def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
+              smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
+              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    """dK, dV of one BLOCK_N (64) -key block with ``psi="tile"`` (one scale per 128-query x 64-key tile of
+    P and dS). Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the warps of the program split
+    the rows and none computes a replica (a 64-row tile over 8 warps would be computed twice); Pᵀ and dSᵀ
+    go to the INT8 dots through shared memory."""
+    k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
+                                                              BLOCK_N, BLOCK_D, EMULATE)
+    ksc = tl.load(KS + bhk * NKB + tl.program_id(0))
+    # transposed once here, so their shared-memory copies are made once, not per query block
+    kT, v16T = tl.trans(k), tl.trans(v16)
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     for g in range(0, GROUP):
@@ -229,14 +254,8 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
         bh = b * HQ + h
         mbase = b * smb + h * smh
         for m0 in range(lo, LQ, BLOCK_M):
-            offs_m = m0 + tl.arange(0, BLOCK_M)
-            qin = offs_m < LQ
-            inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
-            q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
-            qraw = tl.load(QS + bh * NQB + m0 // 128)
-            # rows past LQ: LSE -inf, so P = 0 there
-            lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
-            delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
+            offs_m, qin, inb, q, qraw, lse2, delta = _query_step(Q8, QS, LSE, DELTA, bh, m0, LQ, NQB, rd, D, BLOCK_M,
+                                                                 BLOCK_D)
             z = tl.dot(q, kT, out_dtype=tl.int32).to(tl.float32) * (qraw * c * ksc)
             z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
                         EVEN_N)
@@ -267,23 +286,11 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
     dK and dV are accumulated as two channel halves each, so an INT8 dot's int32 product is half a tile
     (the registers of a whole one would spill)."""
     HALF: tl.constexpr = BLOCK_D // 2
-    pid_n, bhk = tl.program_id(0), tl.program_id(1)
-    HKV = HQ // GROUP
-    b, hk = bhk // HKV, bhk % HKV
-    n0 = pid_n * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
+    k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
+                                                              BLOCK_N, BLOCK_D, EMULATE)
     r0 = tl.arange(0, HALF)
     r1 = HALF + r0
-    kin = offs_n < LK
-    kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
-    k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-    ksc = tl.load(KS + bhk * NKB + offs_n // 64, mask=kin, other=0.0) * c  # K scales: 64 tokens each
-    v16 = _mm16(tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0), EMULATE)
-    coff = LK - LQ if CAUSAL == 2 else 0
-    lo = 0
-    if CAUSAL != 0:
-        lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
+    ksc = tl.load(KS + bhk * NKB + offs_n // 64, mask=offs_n < LK, other=0.0) * c  # K scales: 64 tokens each
     dk0 = tl.zeros((BLOCK_N, HALF), tl.float32)
     dk1 = tl.zeros((BLOCK_N, HALF), tl.float32)
     dv0 = tl.zeros((BLOCK_N, HALF), tl.float32)
@@ -293,15 +300,10 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
         bh = b * HQ + h
         mbase = b * smb + h * smh
         for m0 in range(lo, LQ, BLOCK_M):
-            offs_m = m0 + tl.arange(0, BLOCK_M)
-            qin = offs_m < LQ
-            inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
+            offs_m, qin, inb, q, qraw, lse2, delta = _query_step(Q8, QS, LSE, DELTA, bh, m0, LQ, NQB, rd, D, BLOCK_M,
+                                                                 BLOCK_D)
             in0 = _tile_mask(offs_m, LQ, r0, D, BLOCK_D)
             in1 = _tile_mask(offs_m, LQ, r1, D, BLOCK_D)
-            q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
-            qraw = tl.load(QS + bh * NQB + m0 // 128)  # Q and dO scales: 128 tokens each
-            lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
-            delta = tl.load(DELTA + bh * LQ + offs_m, mask=qin, other=0.0)
             zt = tl.dot(k, tl.trans(q), out_dtype=tl.int32).to(tl.float32) * (ksc * qraw)[:, None]
             zt = _masked(zt, offs_m[None, :], offs_n[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
                          MASK_KIND, EVEN_N)
