@@ -30,6 +30,7 @@ import triton.language as tl
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
+from ...reference.quant import dequant_int8
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
 from .quantize import BLOCK_KV, BLOCK_Q
 
@@ -479,9 +480,9 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                             hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=bd, EMULATE=EMULATE_FP8)
-    dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=psi == "split", EVEN_N=lk % BLOCK_KV == 0)
     split = psi == "split"
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=bd, EMULATE=EMULATE_FP8)
+    dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=split, EVEN_N=lk % BLOCK_KV == 0)
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
     dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, BLOCK_N=kblock, EVEN_N=lk % kblock == 0)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
@@ -489,7 +490,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
     q8t, k8t = q8.transpose(2, 3).contiguous(), k8.transpose(2, 3).contiguous()
     # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
-    v16 = (v8.float() * vs.repeat_interleave(BLOCK_KV, dim=-1)[..., :lk, None]).to(do16.dtype)
+    v16 = dequant_int8(v8, vs, BLOCK_KV).to(do16.dtype)
     dkdv_args = (q8, q8t, qs, k8, ks, v16, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
