@@ -74,6 +74,12 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
+// SAGE_OVERLAP64 1 (hd64, 2 warpgroups, no ping-pong): each warpgroup overlaps its own matmuls with its
+// softmax: S of tile j+1 runs on the tensor cores during the softmax of tile j, PV of tile j during the
+// int32 -> fp32 logits of tile j+1 (a second 64-register logit tile; 240 registers per thread).
+#ifndef SAGE_OVERLAP64
+#define SAGE_OVERLAP64 0
+#endif
 // SAGE_NXPRE 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK) pairs in shared
 // memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its subtrahend instead of
 // computing it: 32 FMULs fewer per thread and tile, the same LDS count (128-bit instead of 64-bit), the same bits.
@@ -161,6 +167,7 @@ __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // keeps the compiler from moving uses of wgmma registers across the asynchronous region
 template <int N>
@@ -386,16 +393,13 @@ __device__ __forceinline__ void split_rows(const float (&z)[64], float (&r)[2][3
 // TMA fill. One code path: only the logits are touched under the edge branch, never a register a wgmma
 // reads (else ptxas serializes every wgmma of the kernel, warning C7520).
 template <bool CAUSAL>
-__device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
-                                             float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
-                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
-                                             int lane) {
+__device__ __forceinline__ void logits_tile(const uint32_t (&sacc)[64], float (&z)[64], const float* sks, bool edge,
+                                            int n0, int lk, int r0, int coff, int t) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
   // (|S| <= 127^2 * 128 < 2^22: the bits of S + 0x4B400000 are the float 1.5 * 2^23 + S exactly) with the
   // subtraction folded into the scaling FFMA: y = f * dK - round(1.5 * 2^23 * dK), one rounding of the
   // exact product; the error is below dK (one unit of S, far under S's quantization error).
-  float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
 #if SAGE_NXPRE
@@ -427,6 +431,11 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
       }
     }
   }
+}
+
+// logits (from logits_tile) -> online softmax -> P~ as E4M3 A fragments (see softmax_tile)
+__device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], float (&m_i)[2], float (&l_i)[2],
+                                          float (&alpha)[2], float qsc0, float qsc1, int t, int lane) {
   float r[2][32];
   split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
@@ -472,6 +481,16 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
       }
     }
   }
+}
+
+template <bool CAUSAL>
+__device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
+                                             float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
+                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
+                                             int lane) {
+  float z[64];
+  logits_tile<CAUSAL>(sacc, z, sks, edge, n0, lk, r0, coff, t);
+  softmax_z(z, pa, m_i, l_i, alpha, qsc0, qsc1, t, lane);
 }
 
 // two-level accumulation: O = alpha * O + O_tile (fp32), once per tile
@@ -596,7 +615,54 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   const uint64_t dq = smem_desc<D>(sq + wg * 64 * D);
 
   mbar_wait(q_full, 0);
-  if (n_tiles > 0) {
+  constexpr bool kOverlap = D == 64 && SAGE_OVERLAP64;
+  static_assert(!kOverlap || (consumer_wgs<D>() == 2 && !kPP), "SAGE_OVERLAP64 needs SAGE_WG64=2, no ping-pong");
+  if (kOverlap && n_tiles > 0) {
+    // per tile j: issue S(j+1); softmax(j) -> P~; issue PV(j); wait S(j+1); logits(j+1); wait PV(j); fold.
+    // On the last tile S is recomputed on this tile's K and dropped (no wgmma in a conditional, see above).
+    uint32_t sacc[64];
+    float z[64];
+    const auto edge_of = [&](int n0) {
+      return (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+    };
+    mbar_wait(&k_full[0], 0);
+    wg_fence();
+    issue_s<D>(sacc, dq, sk);
+    wg_commit();
+    wg_wait0();
+    reg_fence(sacc);
+    if (SAGE_NXPRE) mbar_wait(&x_full[0], 0);
+    logits_tile<CAUSAL>(sacc, z, SAGE_NXPRE ? sx : ss, edge_of(0), 0, p.lk, r0, p.coff, t);
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % STAGES;
+      const uint32_t parity = (j / STAGES) & 1;
+      const bool more = j + 1 < n_tiles;
+      const int s1 = more ? (j + 1) % STAGES : s;
+      const uint32_t parity1 = more ? ((j + 1) / STAGES) & 1 : parity;
+      if (more) mbar_wait(&k_full[s1], parity1);
+      wg_fence();
+      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+      wg_commit();
+      uint32_t pa[4][4];
+      softmax_z(z, pa, m_i, l_i, alpha, qsc0, qsc1, t, lane);
+      float ot[D / 2];
+      mbar_wait(&v_full[s], parity);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 32; ++kk)
+        wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+      wg_commit();
+      wg_wait1();  // S(j+1) (groups complete in order)
+      reg_fence(sacc);
+      if (SAGE_NXPRE) mbar_wait(&x_full[s1], parity1);
+      logits_tile<CAUSAL>(sacc, z, SAGE_NXPRE ? sx + s1 * 2 * kBN : ss + s1 * kBN, edge_of((j + 1) * kBN),
+                          (j + 1) * kBN, p.lk, r0, p.coff, t);
+      wg_wait0();
+      reg_fence(ot);
+      if (lane == 0) mbar_arrive(&empty[s]);  // S(j) and PV(j) are done with the stage
+      fold_tile<D>(o, ot, alpha);
+    }
+  } else if (n_tiles > 0) {
     // Ping-pong (kPP): a warpgroup's turn at the tensor cores issues PV of its current tile and S of its
     // next one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts. Without kPP the same
     // code runs with no turn order (at hd64 the exps, not the tensor cores, bound the loop).
