@@ -74,6 +74,15 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
+// SAGE_EXP2POLY k (0..8): k of every 8 exponentials of P~ are computed on the FMA pipe (ex2_poly, a degree
+// SAGE_EXP2DEG polynomial) instead of MUFU.EX2, whose queue the softmax otherwise fills (ncu, run 35: MUFU
+// carries 31 % / 21 % of the stall samples at hd64 / hd128). Degree 5 is as close to 2^x as ex2.approx.
+#ifndef SAGE_EXP2POLY
+#define SAGE_EXP2POLY 0
+#endif
+#ifndef SAGE_EXP2DEG
+#define SAGE_EXP2DEG 5
+#endif
 // SAGE_OVERLAP64 1 (hd64, 2 warpgroups, no ping-pong): each warpgroup overlaps its own matmuls with its
 // softmax: S of tile j+1 runs on the tensor cores during the softmax of tile j, PV of tile j during the
 // int32 -> fp32 logits of tile j+1 (a second 64-register logit tile; 240 registers per thread).
@@ -274,6 +283,27 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// 2^x on the FMA pipe for x <= 127 (-inf and anything below -126 give 2^-126, which E4M3 rounds to 0; NaN
+// stays NaN): x = n + f with n = rint(x) (the 1.5 * 2^23 shift), 2^f for |f| <= 1/2 by a near-minimax
+// polynomial of degree SAGE_EXP2DEG (max relative error 7.5e-5 / 2.7e-6 / 2.3e-7 for 3 / 4 / 5, fitted in
+// fp32), times 2^n made from t's low bits (n in two's complement: (t << 23) + 1.0f's bits).
+__device__ __forceinline__ float ex2_poly(float x) {
+  asm("max.NaN.f32 %0, %0, 0fC2FC0000;\n" : "+f"(x));  // max(x, -126), NaN-propagating
+  const float t = x + 12582912.f;
+  const float f = x - (t - 12582912.f);
+  float p;
+  if constexpr (SAGE_EXP2DEG == 3) {
+    p = fmaf(fmaf(fmaf(0.05517163872718811f, f, 0.2426113486289978f), f, 0.6932609677314758f), f,
+             0.9999280571937561f);
+  } else if constexpr (SAGE_EXP2DEG == 4) {
+    p = fmaf(fmaf(fmaf(fmaf(0.009570105001330376f, f, 0.05591791868209839f), f, 0.240247443318367f), f,
+                  0.6931217908859253f), f, 0.9999992847442627f);
+  } else {
+    p = fmaf(fmaf(fmaf(fmaf(fmaf(0.0013276479439809918f, f, 0.009675550274550915f), f, 0.05550713464617729f), f,
+                       0.24022120237350464f), f, 0.6931469440460205f), f, 1.0000001192092896f);
+  }
+  return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
+}
 // two fp32 (already in [0, 448]) -> E4M3 RNE (satfinite), lo in byte 0
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   uint16_t r;
@@ -452,7 +482,8 @@ __device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], 
   const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
+    const float a = fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0);  // masked: -inf
+    z[i] = (i % 8) < SAGE_EXP2POLY ? ex2_poly(a) : ex2(a);
   }
   split_rows(z, r);
   l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
