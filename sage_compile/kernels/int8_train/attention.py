@@ -392,11 +392,14 @@ def _bwd_configs():
 _fwd_tuned = triton.autotune(configs=_fwd_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "EVEN_N"])(_fwd_kernel)
 _BWD_KEY = ["D", "CAUSAL", "MASK_KIND", "BLOCK_D", "EVEN_N"]
 _dkdv_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY)(_bwd_dkdv)
-# (keys x queries) tiles of 128 x 64: 4 warps would hold twice the accumulators per thread and spill
-_dkdv_split_tuned = triton.autotune(configs=[c for c in _bwd_configs() if c.num_warps == 8], key=_BWD_KEY)(
-    _bwd_dkdv_split)
+# (keys x queries) tiles: 128 keys on 8 warps (one warpgroup per 64 keys), or 64 keys on 4 warps (two
+# programs fit an SM: 107 KB of shared memory); the key block is not part of the numerics (per-key scales)
+SPLIT_BLOCK_N = 128  # keys per _bwd_dkdv_split program without autotuning
+_dkdv_split_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": 128}, num_warps=8, num_stages=s) for s in (1, 2, 3)]
+    + [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=s) for s in (2, 3)],
+    key=_BWD_KEY)(_bwd_dkdv_split)
 _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])(_bwd_dq)
-SPLIT_BLOCK_N = 128  # keys per _bwd_dkdv_split program (queries per step: reference.int8_train.SPLIT_M)
 
 
 def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
@@ -453,8 +456,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
              in_dtype: torch.dtype, attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None,
              psi: str = "tile"):
     """Same contract as :func:`sage_compile.reference.int8_train.backward`: ``(dq, dk, dv)`` in ``layout``
-    and ``in_dtype``; ``psi`` ``tile`` | ``split`` as there. ``config`` (``num_warps``, ``num_stages``)
-    bypasses autotuning."""
+    and ``in_dtype``; ``psi`` ``tile`` | ``split`` as there. ``config`` (``num_warps``, ``num_stages``;
+    ``BLOCK_N``, the keys per program of the split dK/dV kernel, 128 or 64) bypasses autotuning."""
     if psi not in ("tile", "split"):
         raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
     q8, qs, k8, ks, v8, vs, o, lse, do = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs, o, lse, do))
@@ -484,7 +487,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=bd, EMULATE=EMULATE_FP8)
     dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=split, EVEN_N=lk % BLOCK_KV == 0)
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
-    dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, BLOCK_N=kblock, EVEN_N=lk % kblock == 0)
+    # EVEN_N for the largest key block (then true for the smaller one the autotuner may pick)
+    dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, EVEN_N=lk % kblock == 0)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
@@ -495,12 +499,17 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
-    grid_kv = (triton.cdiv(lk, kblock), b * hkv)
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
-        (_bwd_dkdv_split if split else _bwd_dkdv)[grid_kv](*dkdv_args, **dkdv_meta, **cfg)
+        bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
+        cfg.pop("BLOCK_N", None)
+        (_bwd_dkdv_split if split else _bwd_dkdv)[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta,
+                                                                                 BLOCK_N=bn, **cfg)
         _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
+    elif split:
+        _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta)
+        _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     else:
-        (_dkdv_split_tuned if split else _dkdv_tuned)[grid_kv](*dkdv_args, **dkdv_meta)
+        _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
         _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     return dq, dk, dv
