@@ -39,6 +39,7 @@ for step in "$@"; do
          ncu --import "$r.ncu-rep" --page details > "${r}_details.txt" 2>&1
          ncu --import "$r.ncu-rep" --page raw > "${r}_raw.txt" 2>&1
          ncu --import "$r.ncu-rep" --page source --csv --print-source sass > "${r}_sass.csv" 2>&1 || true
+         python3 benchmarks/ncu_stalls.py "${r}_sass.csv" > "${r}_stalls.txt" 2>&1 || true
          tail -3 "$OUT/ncu_cuda.log"; grep -E "Duration|Throughput|Registers|Spill|Warp Cycles|Issue Slots|Eligible|Tensor" "${r}_details.txt" | head -30
          grep -E "smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active.ratio" "${r}_raw.txt" | sort -k3 -gr | head -12
          grep -E "sm__inst_executed_pipe_[a-z_]+.avg.pct_of_peak_sustained_active|sm__pipe_[a-z_]+_cycles_active.avg.pct" "${r}_raw.txt" | sort -k3 -gr | head -14 ;;

@@ -20,7 +20,7 @@
 // E4M3 straight into the wgmma A-operand fragment (the key order makes the lane's own accumulator
 // columns the fragment's keys), O_tile = wgmma e4m3 (P~ from registers, V^T from shared memory),
 // O = alpha * O + O_tile. At hd128 the two warpgroups take turns at the tensor cores (ping-pong); at hd64,
-// where the exps bound the loop, the three run freely.
+// where the softmax bounds the loop, the three run freely.
 //
 // Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
 // int8_fp8_sm90_bind.cpp.
@@ -74,24 +74,11 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_EXP2POLY k (0..8): k of every 8 exponentials of P~ are computed on the FMA pipe (ex2_poly, a degree
-// SAGE_EXP2DEG polynomial) instead of MUFU.EX2, whose queue the softmax otherwise fills (ncu, run 35: MUFU
-// carries 31 % / 21 % of the stall samples at hd64 / hd128). Degree 5 is as close to 2^x as ex2.approx.
-#ifndef SAGE_EXP2POLY
-#define SAGE_EXP2POLY 0
-#endif
-#ifndef SAGE_EXP2DEG
-#define SAGE_EXP2DEG 5
-#endif
-// SAGE_OVERLAP64 1 (hd64, 2 warpgroups, no ping-pong): each warpgroup overlaps its own matmuls with its
-// softmax: S of tile j+1 runs on the tensor cores during the softmax of tile j, PV of tile j during the
-// int32 -> fp32 logits of tile j+1 (a second 64-register logit tile; 240 registers per thread).
-#ifndef SAGE_OVERLAP64
-#define SAGE_OVERLAP64 0
-#endif
 // SAGE_NXPRE 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK) pairs in shared
 // memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its subtrahend instead of
 // computing it: 32 FMULs fewer per thread and tile, the same LDS count (128-bit instead of 64-bit), the same bits.
+// Run 35 (cuda_variants_run35_*): hd128 750 / 736 / 679 vs 750 / 710 / 670 TOPS (16K, 16K causal, 4K), hd64 4-7 %
+// slower (ptxas spills 16 bytes at 160 registers); off until a second run confirms the hd128 gain.
 #ifndef SAGE_NXPRE
 #define SAGE_NXPRE 0
 #endif
@@ -176,7 +163,6 @@ __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // keeps the compiler from moving uses of wgmma registers across the asynchronous region
 template <int N>
@@ -282,27 +268,6 @@ __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-// 2^x on the FMA pipe for x <= 127 (-inf and anything below -126 give 2^-126, which E4M3 rounds to 0; NaN
-// stays NaN): x = n + f with n = rint(x) (the 1.5 * 2^23 shift), 2^f for |f| <= 1/2 by a near-minimax
-// polynomial of degree SAGE_EXP2DEG (max relative error 7.5e-5 / 2.7e-6 / 2.3e-7 for 3 / 4 / 5, fitted in
-// fp32), times 2^n made from t's low bits (n in two's complement: (t << 23) + 1.0f's bits).
-__device__ __forceinline__ float ex2_poly(float x) {
-  asm("max.NaN.f32 %0, %0, 0fC2FC0000;\n" : "+f"(x));  // max(x, -126), NaN-propagating
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  float p;
-  if constexpr (SAGE_EXP2DEG == 3) {
-    p = fmaf(fmaf(fmaf(0.05517163872718811f, f, 0.2426113486289978f), f, 0.6932609677314758f), f,
-             0.9999280571937561f);
-  } else if constexpr (SAGE_EXP2DEG == 4) {
-    p = fmaf(fmaf(fmaf(fmaf(0.009570105001330376f, f, 0.05591791868209839f), f, 0.240247443318367f), f,
-                  0.6931217908859253f), f, 0.9999992847442627f);
-  } else {
-    p = fmaf(fmaf(fmaf(fmaf(fmaf(0.0013276479439809918f, f, 0.009675550274550915f), f, 0.05550713464617729f), f,
-                       0.24022120237350464f), f, 0.6931469440460205f), f, 1.0000001192092896f);
-  }
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
 }
 // two fp32 (already in [0, 448]) -> E4M3 RNE (satfinite), lo in byte 0
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
@@ -482,8 +447,7 @@ __device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], 
   const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    const float a = fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0);  // masked: -inf
-    z[i] = (i % 8) < SAGE_EXP2POLY ? ex2_poly(a) : ex2(a);
+    z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
   }
   split_rows(z, r);
   l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
@@ -646,57 +610,13 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   const uint64_t dq = smem_desc<D>(sq + wg * 64 * D);
 
   mbar_wait(q_full, 0);
-  constexpr bool kOverlap = D == 64 && SAGE_OVERLAP64;
-  static_assert(!kOverlap || (consumer_wgs<D>() == 2 && !kPP), "SAGE_OVERLAP64 needs SAGE_WG64=2, no ping-pong");
-  if (kOverlap && n_tiles > 0) {
-    // per tile j: issue S(j+1); softmax(j) -> P~; issue PV(j); wait S(j+1); logits(j+1); wait PV(j); fold.
-    // On the last tile S is recomputed on this tile's K and dropped (no wgmma in a conditional, see above).
-    uint32_t sacc[64];
-    float z[64];
-    const auto edge_of = [&](int n0) {
-      return (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
-    };
-    mbar_wait(&k_full[0], 0);
-    wg_fence();
-    issue_s<D>(sacc, dq, sk);
-    wg_commit();
-    wg_wait0();
-    reg_fence(sacc);
-    if (SAGE_NXPRE) mbar_wait(&x_full[0], 0);
-    logits_tile<CAUSAL>(sacc, z, SAGE_NXPRE ? sx : ss, edge_of(0), 0, p.lk, r0, p.coff, t);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % STAGES;
-      const uint32_t parity = (j / STAGES) & 1;
-      const bool more = j + 1 < n_tiles;
-      const int s1 = more ? (j + 1) % STAGES : s;
-      const uint32_t parity1 = more ? ((j + 1) / STAGES) & 1 : parity;
-      if (more) mbar_wait(&k_full[s1], parity1);
-      wg_fence();
-      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
-      wg_commit();
-      uint32_t pa[4][4];
-      softmax_z(z, pa, m_i, l_i, alpha, qsc0, qsc1, t, lane);
-      float ot[D / 2];
-      mbar_wait(&v_full[s], parity);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBN / 32; ++kk)
-        wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-      wg_commit();
-      wg_wait1();  // S(j+1) (groups complete in order)
-      reg_fence(sacc);
-      if (SAGE_NXPRE) mbar_wait(&x_full[s1], parity1);
-      logits_tile<CAUSAL>(sacc, z, SAGE_NXPRE ? sx + s1 * 2 * kBN : ss + s1 * kBN, edge_of((j + 1) * kBN),
-                          (j + 1) * kBN, p.lk, r0, p.coff, t);
-      wg_wait0();
-      reg_fence(ot);
-      if (lane == 0) mbar_arrive(&empty[s]);  // S(j) and PV(j) are done with the stage
-      fold_tile<D>(o, ot, alpha);
-    }
-  } else if (n_tiles > 0) {
+  if (n_tiles > 0) {
     // Ping-pong (kPP): a warpgroup's turn at the tensor cores issues PV of its current tile and S of its
     // next one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts. Without kPP the same
-    // code runs with no turn order (at hd64 the exps, not the tensor cores, bound the loop).
+    // code runs with no turn order (at hd64 the softmax, not the tensor cores, bounds the loop: its issue slots
+    // and latencies rather than MUFU alone, since moving 2-5 of every 8 exps to FMA polynomials made it 11-24 %
+    // slower, and so did overlapping each warpgroup's own S/PV with its softmax at 2 warpgroups (run 35/36,
+    // benchmarks/results/cuda_variants_run3[56]_*)).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
     if (wg == 1) named_arrive<kPP>(1);
     named_sync<kPP>(my_bar);

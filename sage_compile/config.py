@@ -45,7 +45,7 @@ class Options:
         block for dK and dV) or ``tile`` (one per 128x64 tile, the paper's). Reference study
         (benchmarks/results/ablation_sagebwd.json, N=1024 hd128, made when split's per-key scales spanned
         128 queries): dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 ->
-        0.9991. H200 run 32 (benchmarks/results/train_h200.json): forward+backward 4-12 % faster than
+        0.9991. H200 run 37 (benchmarks/results/train_h200.json): forward+backward 4-14 % faster than
         ``tile``; SmolLM2 fine-tune last-20 loss 1.0002x bf16 SDPA's (finetune_smollm2_split64_h200.json).
     prologue: ``graph`` (default: the prologue as plain torch ops in the graph, so Inductor fuses it with
         the ops producing q/k/v — RoPE, QK-norm; compiled with stride padding off,
