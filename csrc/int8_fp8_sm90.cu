@@ -74,14 +74,19 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_NXPRE 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK) pairs in shared
-// memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its subtrahend instead of
-// computing it: 32 FMULs fewer per thread and tile, the same LDS count (128-bit instead of 64-bit), the same bits.
-// Run 35 (cuda_variants_run35_*): hd128 750 / 736 / 679 vs 750 / 710 / 670 TOPS (16K, 16K causal, 4K), hd64 4-7 %
-// slower (ptxas spills 16 bytes at 160 registers); off until a second run confirms the hd128 gain.
-#ifndef SAGE_NXPRE
-#define SAGE_NXPRE 0
+// SAGE_NXPRE128 / SAGE_NXPRE64 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK)
+// pairs in shared memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its
+// subtrahend instead of computing it: 27 instructions fewer per thread and tile, the same LDS count (128-bit
+// instead of 64-bit), the same bits. Run 35 (cuda_variants_run35_*): hd128 750 / 736 / 679 vs 750 / 710 / 670
+// TOPS (16K, 16K causal, 4K); hd64 4-7 % slower (ptxas spills 16 bytes at 160 registers), so off there.
+#ifndef SAGE_NXPRE128
+#define SAGE_NXPRE128 0
 #endif
+#ifndef SAGE_NXPRE64
+#define SAGE_NXPRE64 0
+#endif
+template <int D>
+__host__ __device__ constexpr bool nxpre() { return D == 128 ? SAGE_NXPRE128 : SAGE_NXPRE64; }
 
 namespace sage_sm90 {
 
@@ -307,7 +312,7 @@ struct Layout {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + STAGES * kKBytes;
   static constexpr int kS = kV + STAGES * kVBytes;
-  static constexpr int kXBytes = SAGE_NXPRE ? kBN * 8 : 0;  // (dK, -1.5 * 2^23 * dK) per key (SAGE_NXPRE)
+  static constexpr int kXBytes = nxpre<D>() ? kBN * 8 : 0;  // (dK, -1.5 * 2^23 * dK) per key (SAGE_NXPRE*)
   static constexpr int kX = kS + STAGES * kSBytes;
   static constexpr int kBar = kX + STAGES * kXBytes;
   static constexpr int kBytes = kBar + 8 * (1 + 4 * STAGES) + 1024;  // + alignment slack
@@ -387,7 +392,7 @@ __device__ __forceinline__ void split_rows(const float (&z)[64], float (&r)[2][3
 // tile crosses the key end or the causal diagonal (masked); keys past the end read zero scales from the
 // TMA fill. One code path: only the logits are touched under the edge branch, never a register a wgmma
 // reads (else ptxas serializes every wgmma of the kernel, warning C7520).
-template <bool CAUSAL>
+template <bool CAUSAL, bool NX>
 __device__ __forceinline__ void logits_tile(const uint32_t (&sacc)[64], float (&z)[64], const float* sks, bool edge,
                                             int n0, int lk, int r0, int coff, int t) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
@@ -397,14 +402,18 @@ __device__ __forceinline__ void logits_tile(const uint32_t (&sacc)[64], float (&
   // exact product; the error is below dK (one unit of S, far under S's quantization error).
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-#if SAGE_NXPRE
-    const float4 kx = *reinterpret_cast<const float4*>(sks + 2 * (key_base(i) + kLaneKeys * t));
-    const float2 kv = make_float2(kx.x, kx.y);
-    const float nx = kx.z, ny = kx.w;
-#else
-    const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
-    const float nx = kv.x * -12582912.0f, ny = kv.y * -12582912.0f;
-#endif
+    float2 kv;
+    float nx, ny;
+    if constexpr (NX) {  // (dK, -1.5 * 2^23 * dK) pairs (SAGE_NXPRE*)
+      const float4 kx = *reinterpret_cast<const float4*>(sks + 2 * (key_base(i) + kLaneKeys * t));
+      kv = make_float2(kx.x, kx.y);
+      nx = kx.z;
+      ny = kx.w;
+    } else {
+      kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
+      nx = kv.x * -12582912.0f;
+      ny = kv.y * -12582912.0f;
+    }
     z[4 * i + 0] = fmaf(__int_as_float(sacc[4 * i + 0] + 0x4B400000u), kv.x, nx);
     z[4 * i + 1] = fmaf(__int_as_float(sacc[4 * i + 1] + 0x4B400000u), kv.y, ny);
     z[4 * i + 2] = fmaf(__int_as_float(sacc[4 * i + 2] + 0x4B400000u), kv.x, nx);
@@ -478,13 +487,13 @@ __device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], 
   }
 }
 
-template <bool CAUSAL>
+template <bool CAUSAL, bool NX>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
                                              int lane) {
   float z[64];
-  logits_tile<CAUSAL>(sacc, z, sks, edge, n0, lk, r0, coff, t);
+  logits_tile<CAUSAL, NX>(sacc, z, sks, edge, n0, lk, r0, coff, t);
   softmax_z(z, pa, m_i, l_i, alpha, qsc0, qsc1, t, lane);
 }
 
@@ -523,7 +532,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   uint64_t* k_full = bars + 1;  // K tile + its scales
   uint64_t* v_full = bars + 1 + STAGES;
   uint64_t* empty = bars + 1 + 2 * STAGES;
-  uint64_t* x_full = bars + 1 + 3 * STAGES;  // SAGE_NXPRE: the stage's (dK, -1.5 * 2^23 * dK) pairs are written
+  uint64_t* x_full = bars + 1 + 3 * STAGES;  // SAGE_NXPRE*: the stage's (dK, -1.5 * 2^23 * dK) pairs are written
   float* sx = reinterpret_cast<float*>(smem + L::kX);
 
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
@@ -573,7 +582,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
       }
     }
-    if (SAGE_NXPRE && warp == kCW + 1) {  // stage s's K scales -> (dK, -1.5 * 2^23 * dK) pairs, 4 keys a lane
+    if (nxpre<D>() && warp == kCW + 1) {  // stage s's K scales -> (dK, -1.5 * 2^23 * dK) pairs, 4 keys a lane
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % STAGES;
         // no lapping: the TMA of tile j + STAGES waits for the consumers of tile j, who wait for x_full here
@@ -633,8 +642,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = j * kBN;
       const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      if (SAGE_NXPRE) mbar_wait(&x_full[s], parity);
-      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, SAGE_NXPRE ? sx + s * 2 * kBN : ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+      if (nxpre<D>()) mbar_wait(&x_full[s], parity);
+      softmax_tile<CAUSAL, nxpre<D>()>(sacc, pa, m_i, l_i, alpha, nxpre<D>() ? sx + s * 2 * kBN : ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
                            lane);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
