@@ -77,8 +77,9 @@
 // SAGE_NXPRE128 / SAGE_NXPRE64 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK)
 // pairs in shared memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its
 // subtrahend instead of computing it: 27 instructions fewer per thread and tile, the same LDS count (128-bit
-// instead of 64-bit), the same bits. Run 35 (cuda_variants_run35_*): hd128 750 / 736 / 679 vs 750 / 710 / 670
-// TOPS (16K, 16K causal, 4K); hd64 4-7 % slower (ptxas spills 16 bytes at 160 registers), so off there.
+// instead of 64-bit), the same bits. Not faster: run 38 timed it twice beside two identical default builds
+// (cuda_variants_run38_*) at hd128, 2K-16K: within the 2-4 % spread of the identical builds (run 35's +3.7 % at
+// 16K causal was that spread); hd64 4-7 % slower (ptxas spills 16 bytes at 160 registers, run 35). Both off.
 #ifndef SAGE_NXPRE128
 #define SAGE_NXPRE128 0
 #endif
