@@ -74,20 +74,6 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_NXPRE128 / SAGE_NXPRE64 1: a producer warp turns each stage's K scales dK into (dK, -1.5 * 2^23 * dK)
-// pairs in shared memory (one float4 per two keys), so the consumers' int32 -> fp32 conversion reads its
-// subtrahend instead of computing it: 27 instructions fewer per thread and tile, the same LDS count (128-bit
-// instead of 64-bit), the same bits. Not faster: run 38 timed it twice beside two identical default builds
-// (cuda_variants_run38_*) at hd128, 2K-16K: within the 2-4 % spread of the identical builds (run 35's +3.7 % at
-// 16K causal was that spread); hd64 4-7 % slower (ptxas spills 16 bytes at 160 registers, run 35). Both off.
-#ifndef SAGE_NXPRE128
-#define SAGE_NXPRE128 0
-#endif
-#ifndef SAGE_NXPRE64
-#define SAGE_NXPRE64 0
-#endif
-template <int D>
-__host__ __device__ constexpr bool nxpre() { return D == 128 ? SAGE_NXPRE128 : SAGE_NXPRE64; }
 
 namespace sage_sm90 {
 
@@ -313,10 +299,8 @@ struct Layout {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + STAGES * kKBytes;
   static constexpr int kS = kV + STAGES * kVBytes;
-  static constexpr int kXBytes = nxpre<D>() ? kBN * 8 : 0;  // (dK, -1.5 * 2^23 * dK) per key (SAGE_NXPRE*)
-  static constexpr int kX = kS + STAGES * kSBytes;
-  static constexpr int kBar = kX + STAGES * kXBytes;
-  static constexpr int kBytes = kBar + 8 * (1 + 4 * STAGES) + 1024;  // + alignment slack
+  static constexpr int kBar = kS + STAGES * kSBytes;
+  static constexpr int kBytes = kBar + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
 };
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
@@ -393,28 +377,21 @@ __device__ __forceinline__ void split_rows(const float (&z)[64], float (&r)[2][3
 // tile crosses the key end or the causal diagonal (masked); keys past the end read zero scales from the
 // TMA fill. One code path: only the logits are touched under the edge branch, never a register a wgmma
 // reads (else ptxas serializes every wgmma of the kernel, warning C7520).
-template <bool CAUSAL, bool NX>
-__device__ __forceinline__ void logits_tile(const uint32_t (&sacc)[64], float (&z)[64], const float* sks, bool edge,
-                                            int n0, int lk, int r0, int coff, int t) {
+template <bool CAUSAL>
+__device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
+                                             float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
+                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
+                                             int lane) {
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
   // (|S| <= 127^2 * 128 < 2^22: the bits of S + 0x4B400000 are the float 1.5 * 2^23 + S exactly) with the
   // subtraction folded into the scaling FFMA: y = f * dK - round(1.5 * 2^23 * dK), one rounding of the
   // exact product; the error is below dK (one unit of S, far under S's quantization error).
+  float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    float2 kv;
-    float nx, ny;
-    if constexpr (NX) {  // (dK, -1.5 * 2^23 * dK) pairs (SAGE_NXPRE*)
-      const float4 kx = *reinterpret_cast<const float4*>(sks + 2 * (key_base(i) + kLaneKeys * t));
-      kv = make_float2(kx.x, kx.y);
-      nx = kx.z;
-      ny = kx.w;
-    } else {
-      kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
-      nx = kv.x * -12582912.0f;
-      ny = kv.y * -12582912.0f;
-    }
+    const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
+    const float nx = kv.x * -12582912.0f, ny = kv.y * -12582912.0f;
     z[4 * i + 0] = fmaf(__int_as_float(sacc[4 * i + 0] + 0x4B400000u), kv.x, nx);
     z[4 * i + 1] = fmaf(__int_as_float(sacc[4 * i + 1] + 0x4B400000u), kv.y, ny);
     z[4 * i + 2] = fmaf(__int_as_float(sacc[4 * i + 2] + 0x4B400000u), kv.x, nx);
@@ -436,11 +413,6 @@ __device__ __forceinline__ void logits_tile(const uint32_t (&sacc)[64], float (&
       }
     }
   }
-}
-
-// logits (from logits_tile) -> online softmax -> P~ as E4M3 A fragments (see softmax_tile)
-__device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], float (&m_i)[2], float (&l_i)[2],
-                                          float (&alpha)[2], float qsc0, float qsc1, int t, int lane) {
   float r[2][32];
   split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
@@ -488,16 +460,6 @@ __device__ __forceinline__ void softmax_z(float (&z)[64], uint32_t (&pa)[4][4], 
   }
 }
 
-template <bool CAUSAL, bool NX>
-__device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
-                                             float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
-                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
-                                             int lane) {
-  float z[64];
-  logits_tile<CAUSAL, NX>(sacc, z, sks, edge, n0, lk, r0, coff, t);
-  softmax_z(z, pa, m_i, l_i, alpha, qsc0, qsc1, t, lane);
-}
-
 // two-level accumulation: O = alpha * O + O_tile (fp32), once per tile
 template <int D>
 __device__ __forceinline__ void fold_tile(float (&o)[D / 2], const float (&ot)[D / 2], const float (&alpha)[2]) {
@@ -533,8 +495,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   uint64_t* k_full = bars + 1;  // K tile + its scales
   uint64_t* v_full = bars + 1 + STAGES;
   uint64_t* empty = bars + 1 + 2 * STAGES;
-  uint64_t* x_full = bars + 1 + 3 * STAGES;  // SAGE_NXPRE*: the stage's (dK, -1.5 * 2^23 * dK) pairs are written
-  float* sx = reinterpret_cast<float*>(smem + L::kX);
 
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int bh = blockIdx.y;
@@ -550,7 +510,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], kCW);
-      mbar_init(&x_full[s], 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -583,18 +542,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
       }
     }
-    if (nxpre<D>() && warp == kCW + 1) {  // stage s's K scales -> (dK, -1.5 * 2^23 * dK) pairs, 4 keys a lane
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        // no lapping: the TMA of tile j + STAGES waits for the consumers of tile j, who wait for x_full here
-        mbar_wait(&k_full[s], (j / STAGES) & 1);
-        const float4 k4 = *reinterpret_cast<const float4*>(ss + s * kBN + 4 * lane);
-        float4* x = reinterpret_cast<float4*>(sx + s * 2 * kBN) + 2 * lane;
-        x[0] = make_float4(k4.x, k4.y, k4.x * -12582912.0f, k4.y * -12582912.0f);
-        x[1] = make_float4(k4.z, k4.w, k4.z * -12582912.0f, k4.w * -12582912.0f);
-        mbar_arrive(&x_full[s]);  // each lane's arrive releases its own writes
-      }
-    }
     return;
   }
 
@@ -624,9 +571,11 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // Ping-pong (kPP): a warpgroup's turn at the tensor cores issues PV of its current tile and S of its
     // next one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts. Without kPP the same
     // code runs with no turn order (at hd64 the softmax, not the tensor cores, bounds the loop: its issue slots
-    // and latencies rather than MUFU alone, since moving 2-5 of every 8 exps to FMA polynomials made it 11-24 %
-    // slower, and so did overlapping each warpgroup's own S/PV with its softmax at 2 warpgroups (run 35/36,
-    // benchmarks/results/cuda_variants_run3[56]_*)).
+    // and latencies, not MUFU alone). Timed and dropped (runs 35-38, benchmarks/results/cuda_variants_run3[568]_*,
+    // the code at aaff619 / 61617ad): 2-5 of every 8 exps as FMA polynomials, 11-24 % slower at hd64 16K; at
+    // hd64 each of 2 warpgroups overlapping its own S/PV with its softmax, 9 % slower than 3 without; the K
+    // scales' -1.5 * 2^23 * dK products precomputed by a producer warp (27 instructions fewer a tile), within
+    // the 2-4 % spread of identical builds at hd128 and 4-7 % slower at hd64 (spills).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
     if (wg == 1) named_arrive<kPP>(1);
     named_sync<kPP>(my_bar);
@@ -643,8 +592,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = j * kBN;
       const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      if (nxpre<D>()) mbar_wait(&x_full[s], parity);
-      softmax_tile<CAUSAL, nxpre<D>()>(sacc, pa, m_i, l_i, alpha, nxpre<D>() ? sx + s * 2 * kBN : ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
+      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
                            lane);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
