@@ -1,6 +1,6 @@
-"""A/B of the Triton kernels against a base version in one process (same GPU, same inputs): the base
-modules are copies of an earlier commit's kernel files placed beside the current ones as
-``_ab_base.py`` (they import the package's helpers relatively, so they run unchanged):
+"""A/B of the Triton kernels against other versions in one process (same GPU, same inputs): the other
+versions are copies of kernel files placed beside the current ones as ``_ab_<name>.py`` (they import the
+package's helpers relatively, so they run unchanged), timed in name order, then the current (``new``):
 
     git show <sha>:sage_compile/kernels/int8_train/attention.py > sage_compile/kernels/int8_train/_ab_base.py
     git show <sha>:sage_compile/kernels/int8_fp8/attention.py > sage_compile/kernels/int8_fp8/_ab_base.py
@@ -8,8 +8,8 @@ modules are copies of an earlier commit's kernel files placed beside the current
 
 (the copies are scratch files: delete them afterwards). Per shape: ``int8_train`` forward and backward
 (``psi="split"``) and the ``int8_fp8`` Triton core (``SAGE_COMPILE_INT8_FP8_CORE=triton``), median ms by
-``triton.testing.do_bench`` interleaved base / new / base / new, TOPS (4·B·H·N²·D per forward, 2.5× that
-for a backward: 5 matmul-sized products), and whether the outputs are bit-identical.
+``triton.testing.do_bench`` interleaved (every variant once per round), TOPS (4·B·H·N²·D per forward, 2.5× that
+for a backward: 5 matmul-sized products), and whether the outputs are bit-identical to the first variant's.
 """
 from __future__ import annotations
 
@@ -27,12 +27,17 @@ from bench_attention import _commit  # noqa: E402
 
 
 def _mods(pkg):
-    new = importlib.import_module(f"sage_compile.kernels.{pkg}.attention")
-    try:
-        base = importlib.import_module(f"sage_compile.kernels.{pkg}._ab_base")
-    except ImportError:
-        base = None
-    return base, new
+    """{variant: module}: every ``_ab_<name>.py`` beside the package's ``attention.py`` (as ``<name>``), then
+    the current kernels as ``new``."""
+    import glob
+
+    here = os.path.dirname(importlib.import_module(f"sage_compile.kernels.{pkg}").__file__)
+    mods = {}
+    for f in sorted(glob.glob(os.path.join(here, "_ab_*.py"))):
+        name = os.path.basename(f)[:-3]
+        mods[name[4:]] = importlib.import_module(f"sage_compile.kernels.{pkg}.{name}")
+    mods["new"] = importlib.import_module(f"sage_compile.kernels.{pkg}.attention")
+    return mods
 
 
 def _time(fns, reps):
@@ -74,8 +79,7 @@ def main():
     from sage_compile.kernels.int8_fp8.quantize import quantize as q_fp8
     from sage_compile.kernels.int8_train.quantize import quantize as q_train
 
-    tb, tn = _mods("int8_train")
-    fb, fn = _mods("int8_fp8")
+    tmods, fmods = _mods("int8_train"), _mods("int8_fp8")
     recs = []
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET=1)", torch=torch.__version__, date=str(datetime.date.today()),
@@ -90,36 +94,35 @@ def main():
             q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
             flops = 4 * b * h * n * n * d * (0.5 if cz else 1.0)
             if part == "int8_fp8":
-                base, new = fb, fn
                 x = q_fp8(q, k, v, "HND")
                 cfg = None if dev == "cuda" else {"BLOCK_M": 64}  # the interpreter cannot autotune
                 run = {m: (lambda mod=mod: mod.attention(*x, None, causal, None, "HND", torch.bfloat16, config=cfg))
-                       for m, mod in (("base", base), ("new", new)) if mod is not None}
+                       for m, mod in fmods.items()}
             else:
-                base, new = tb, tn
                 q8, qs, k8, ks, v8, vs, mean = q_train(q, k, v, "HND")
-                o, lse = new.forward(q8, qs, k8, ks, v8, vs, causal, None, "HND", torch.bfloat16)
+                o, lse = tmods["new"].forward(q8, qs, k8, ks, v8, vs, causal, None, "HND", torch.bfloat16)
                 do = torch.randn_like(q)
                 if part == "train_fwd":
                     run = {m: (lambda mod=mod: mod.forward(q8, qs, k8, ks, v8, vs, causal, None, "HND", torch.bfloat16))
-                           for m, mod in (("base", base), ("new", new)) if mod is not None}
+                           for m, mod in tmods.items()}
                 else:
                     flops *= 2.5
                     run = {m: (lambda mod=mod: mod.backward(q8, qs, k8, ks, v8, vs, mean, o, lse, do, causal, None,
                                                             "HND", torch.bfloat16, psi="split"))
-                           for m, mod in (("base", base), ("new", new)) if mod is not None}
+                           for m, mod in tmods.items()}
             res = {m: f() for m, f in run.items()}  # warm (autotune) and outputs
-            same = _same(res["base"], res["new"]) if "base" in res else None
+            first = next(iter(res))
+            same = {m: _same(res[first], r) for m, r in res.items() if m != first}
             ms = _time(run, a.reps)
             line = f"{part:9s} hd{d} N={n:6d} B={b} causal={cz}: " + "  ".join(
                 f"{m} {t:7.3f} ms {flops / t / 1e9:6.1f} TOPS" for m, t in ms.items())
-            if "base" in ms:
-                line += f"  new/base {ms['base'] / ms['new']:.3f}x  bit-identical {same}"
+            for m in same:
+                line += f"  {m}: {ms[first] / ms[m]:.3f}x {first}'s speed, bit-identical {same[m]}"
             print(line, flush=True)
             for m, t in ms.items():
                 recs.append(dict(meta, kernel=part, variant=m, metric="ms", value=t, head_dim=d, n=n, batch=b,
                                  heads=h, causal=bool(cz), tops=flops / t / 1e9,
-                                 note=f"bit-identical to base: {same}"))
+                                 note=f"bit-identical to {first}: {same.get(m, True)}"))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(recs, f, indent=1)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ...config import int8_fp8_core
-from .._common import CAUSAL_CODES, EMULATE_FP8, i32_f32, output_and_mask, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, output_and_mask, to_e4m3
 from . import cuda
 
 log = logging.getLogger("sage_compile")
@@ -50,7 +50,7 @@ def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D: tl.cons
         ks = tl.load(KS + offs_n)
         v = tl.load(V8 + rd[None, :] * svd + offs_n[:, None], mask=rd[None, :] < D, other=0.0)
     s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-    z = i32_f32(s) * qs[:, None] * ks[None, :]  # exact, without I2FP (16 per clock and SM on sm_90)
+    z = s.to(tl.float32) * qs[:, None] * ks[None, :]
     if MASK_KIND == 1:
         mk = tl.load(MASK + offs_m[:, None] * smq + offs_n[None, :] * smk,
                      mask=(offs_m[:, None] < LQ) & (offs_n[None, :] < LK), other=0)

@@ -31,7 +31,7 @@ from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it 
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
 from ...reference.quant import dequant_int8
-from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, i32_f32, mask_view, rne
+from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
 from .quantize import BLOCK_KV, BLOCK_Q
 
 LOG2E = 1.4426950408889634
@@ -156,7 +156,7 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, 
         ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
         vsc = tl.load(VS + bhk * NKB + n0 // BLOCK_N)
         s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-        z = i32_f32(s) * (qsc * ksc)[:, None]
+        z = s.to(tl.float32) * (qsc * ksc)[:, None]
         # rows past LQ compute finite garbage that is never stored
         z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
                     EVEN_N)
@@ -168,7 +168,7 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, 
         r = tl.where(pmax > 0, 127.0 / pmax, 0.0)
         p8 = _to_i8(p * r[:, None], EMULATE)
         pv = tl.dot(p8, v, out_dtype=tl.int32)
-        acc = acc * alpha[:, None] + i32_f32(pv) * ((pmax / 127.0) * vsc)[:, None]
+        acc = acc * alpha[:, None] + pv.to(tl.float32) * ((pmax / 127.0) * vsc)[:, None]
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
     empty = l_i == 0.0
@@ -259,20 +259,20 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
         for m0 in range(lo, LQ, BLOCK_M):
             offs_m, qin, inb, q, qraw, lse2, delta = _query_step(Q8, QS, LSE, DELTA, bh, m0, LQ, NQB, rd, D, BLOCK_M,
                                                                  BLOCK_D)
-            z = i32_f32(tl.dot(q, kT, out_dtype=tl.int32)) * (qraw * c * ksc)
+            z = tl.dot(q, kT, out_dtype=tl.int32).to(tl.float32) * (qraw * c * ksc)
             z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
                         EVEN_N)
             p = tl.math.exp2(z - lse2[:, None])
             do8 = tl.load(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             sdo = tl.load(SDO + bh * NQB + m0 // 128)
             p8, sp = _psi(p, EMULATE)
-            dv += i32_f32(tl.dot(tl.trans(p8), do8, out_dtype=tl.int32)) * (sp * sdo)
+            dv += tl.dot(tl.trans(p8), do8, out_dtype=tl.int32).to(tl.float32) * (sp * sdo)
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dp = tl.dot(_mm16(do16, EMULATE), v16T)
             qt = tl.load(Q8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], mask=inb, other=0)
             ds = p * (dp - delta[:, None])
             ds8, sds = _psi(ds, EMULATE)
-            dk += i32_f32(tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32)) * (sds * qraw)
+            dk += tl.dot(tl.trans(ds8), qt, out_dtype=tl.int32).to(tl.float32) * (sds * qraw)
     optr = b * skb + hk * skh + offs_n[:, None] * skn + rd[None, :]
     tl.store(DK + optr, (dk * sm).to(DK.dtype.element_ty), mask=kv)
     tl.store(DV + optr, dv.to(DV.dtype.element_ty), mask=kv)
@@ -307,7 +307,7 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
                                                                  BLOCK_D)
             in0 = _tile_mask(offs_m, LQ, r0, D, BLOCK_D)
             in1 = _tile_mask(offs_m, LQ, r1, D, BLOCK_D)
-            zt = i32_f32(tl.dot(k, tl.trans(q), out_dtype=tl.int32)) * (ksc * qraw)[:, None]
+            zt = tl.dot(k, tl.trans(q), out_dtype=tl.int32).to(tl.float32) * (ksc * qraw)[:, None]
             zt = _masked(zt, offs_m[None, :], offs_n[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
                          MASK_KIND, EVEN_N)
             pt = tl.math.exp2(zt - lse2[None, :])
@@ -315,17 +315,17 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
             p8, sp = _psi_rows(pt, EMULATE)
             sv = (sp * sdo)[:, None]
             do8 = tl.load(DO8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
-            dv0 += i32_f32(tl.dot(p8, do8, out_dtype=tl.int32)) * sv
+            dv0 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
             do8 = tl.load(DO8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
-            dv1 += i32_f32(tl.dot(p8, do8, out_dtype=tl.int32)) * sv
+            dv1 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
             do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
             dpt = tl.dot(v16, tl.trans(_mm16(do16, EMULATE)))
             ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
             sk = (sds * qraw)[:, None]
             qt = tl.load(Q8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
-            dk0 += i32_f32(tl.dot(ds8, qt, out_dtype=tl.int32)) * sk
+            dk0 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
             qt = tl.load(Q8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
-            dk1 += i32_f32(tl.dot(ds8, qt, out_dtype=tl.int32)) * sk
+            dk1 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
     optr = b * skb + hk * skh + offs_n[:, None] * skn
     st0 = _tile_mask(offs_n, LK, r0, D, BLOCK_D)
     st1 = _tile_mask(offs_n, LK, r1, D, BLOCK_D)
@@ -359,7 +359,7 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
         k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
         v16 = tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0)
         ksc = tl.load(KS + bhk * NKB + n0 // BLOCK_N)
-        z = i32_f32(tl.dot(q, tl.trans(k), out_dtype=tl.int32)) * (qsc * ksc)
+        z = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (qsc * ksc)
         z = _masked(z, offs_m[:, None], offs_n[None, :], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL, MASK_KIND,
                     EVEN_N)
         p = tl.math.exp2(z - lse2[:, None])
@@ -367,11 +367,11 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
         kt = tl.load(K8T + (bhk * D + rd[None, :]) * LK + offs_n[:, None], mask=kv, other=0)
         if PSI_ROWS:  # one scale per query row in this key tile
             ds8, sds = _psi_rows(p * (dp - delta[:, None]), EMULATE)
-            dq += i32_f32(tl.dot(ds8, kt, out_dtype=tl.int32)) * (sds * ksc)[:, None]
+            dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)[:, None]
         else:
             ds8, sds = _psi(p * (dp - delta[:, None]), EMULATE)
-            dq += i32_f32(tl.dot(ds8, kt, out_dtype=tl.int32)) * (sds * ksc)
-        rs += i32_f32(tl.sum(ds8.to(tl.int32), axis=1)) * sds  # exact integer row sums
+            dq += tl.dot(ds8, kt, out_dtype=tl.int32).to(tl.float32) * (sds * ksc)
+        rs += tl.sum(ds8.to(tl.int32), axis=1).to(tl.float32) * sds  # exact integer row sums: one I2F per row
     mu = tl.load(KMEAN + bhk * D + rd, mask=rd < D, other=0.0)
     dq = (dq + rs[:, None] * mu[None, :]) * sm
     tl.store(DQ + b * sqb + h * sqh + offs_m[:, None] * sqn + rd[None, :], dq.to(DQ.dtype.element_ty), mask=inb)
