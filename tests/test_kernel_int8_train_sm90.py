@@ -1,7 +1,9 @@
 """int8_train's forward and dQ kernels compile for sm_90 (Triton cross-compiles without a GPU) with no
 local-memory spills at hd128, as the JIT specialises them (pointers and multiples of 16 marked divisible
 by 16), and their head dim is a constexpr. Guards what once made them 2-4x slow: a runtime head dim
-with channel masks made every load scalar and the kernels spill (1720 bytes of stack in dK/dV).
+with channel masks made every load scalar and the kernels spill (1720 bytes of stack in dK/dV). And no
+F2I in them: the INT8 roundings of P and dS are FADDs (a cvt.rni per value made them 1.09-1.20x slower on
+the H200, benchmarks/results/ab_kernels_run40_*).
 Compile-only: the numerics are tested in the interpreter and on the H200."""
 import os
 import subprocess
@@ -34,6 +36,8 @@ _COMPILE = textwrap.dedent('''
         open(path, "wb").write(k.asm["cubin"])
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+        print("F2I", fn.__name__, len(re.findall(r"\\bF2I\\b", sass)))
         return int(re.search(r"STACK:(\\d+)", out).group(1))
 
     i8, f32, b16 = "*i8", "*fp32", "*bf16"
@@ -54,3 +58,5 @@ def test_forward_and_dq_compile_for_sm90_without_spills(tmp_path):
         pytest.skip(f"Triton cannot cross-compile for sm_90 here: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-3:] == ["STACK", "0", "0"], r.stdout
+    f2i = [line.split() for line in r.stdout.splitlines() if line.startswith("F2I")]
+    assert len(f2i) == 2 and all(int(n) <= 1 for _, _, n in f2i), f2i  # one outside the loop: the grid index math

@@ -27,15 +27,6 @@ def rne(y, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def i32_f32(x):
-    """Exact int32 -> fp32 for |x| < 2**22 (every INT8 dot here: |sum| <= 127² · 256) without a
-    conversion instruction: the bits of x + 0x4B400000 are the float 1.5·2^23 + x, and subtracting
-    1.5·2^23 is exact. sm_90 issues conversions (I2FP, F2I) at 16 per clock and SM, an eighth of the
-    FP32 rate, beside MUFU.EX2's 16: in an INT8 attention loop they were the bound."""
-    return (x + 0x4B400000).to(tl.float32, bitcast=True) - _RNE
-
-
-@triton.jit
 def to_e4m3(x, EMULATE: tl.constexpr):
     """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
     if EMULATE:
