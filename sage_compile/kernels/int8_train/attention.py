@@ -283,12 +283,13 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
 def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
                     smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
                     CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+                    BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr, PART: tl.constexpr = 0):
     """dK, dV of one BLOCK_N (128) -key block with ``psi="split"``: tiles are (keys x queries), BLOCK_M
     (64) queries a step, so each warpgroup owns 64 keys, ψ(P) and ψ(dS) (one scale per key over the 64
     queries, ``SPLIT_M``) reduce inside a warp, and Pᵀ, dSᵀ are the INT8 dots' A operands as they are.
     dK and dV are accumulated as two channel halves each, so an INT8 dot's int32 product is half a tile
-    (the registers of a whole one would spill)."""
+    (the registers of a whole one would spill). ``PART`` 0 computes both, 1 only dV, 2 only dK (two
+    launches that each recompute S and P: :data:`DKDV_TWO_PASS`)."""
     HALF: tl.constexpr = BLOCK_D // 2
     k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
                                                               BLOCK_N, BLOCK_D, EMULATE)
@@ -312,28 +313,32 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
             zt = _masked(zt, offs_m[None, :], offs_n[:, None], MASK, mbase, smq, smk, LQ, LK, coff, CAUSAL,
                          MASK_KIND, EVEN_N)
             pt = tl.math.exp2(zt - lse2[None, :])
-            sdo = tl.load(SDO + bh * NQB + m0 // 128)
-            p8, sp = _psi_rows(pt, EMULATE)
-            sv = (sp * sdo)[:, None]
-            do8 = tl.load(DO8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
-            dv0 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
-            do8 = tl.load(DO8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
-            dv1 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
-            do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
-            dpt = tl.dot(v16, tl.trans(_mm16(do16, EMULATE)))
-            ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
-            sk = (sds * qraw)[:, None]
-            qt = tl.load(Q8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
-            dk0 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
-            qt = tl.load(Q8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
-            dk1 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
+            if PART != 2:
+                sdo = tl.load(SDO + bh * NQB + m0 // 128)
+                p8, sp = _psi_rows(pt, EMULATE)
+                sv = (sp * sdo)[:, None]
+                do8 = tl.load(DO8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
+                dv0 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
+                do8 = tl.load(DO8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
+                dv1 += tl.dot(p8, do8, out_dtype=tl.int32).to(tl.float32) * sv
+            if PART != 1:
+                do16 = tl.load(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0.0)
+                dpt = tl.dot(v16, tl.trans(_mm16(do16, EMULATE)))
+                ds8, sds = _psi_rows(pt * (dpt - delta[None, :]), EMULATE)
+                sk = (sds * qraw)[:, None]
+                qt = tl.load(Q8T + (bh * D + r0[None, :]) * LQ + offs_m[:, None], mask=in0, other=0)
+                dk0 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
+                qt = tl.load(Q8T + (bh * D + r1[None, :]) * LQ + offs_m[:, None], mask=in1, other=0)
+                dk1 += tl.dot(ds8, qt, out_dtype=tl.int32).to(tl.float32) * sk
     optr = b * skb + hk * skh + offs_n[:, None] * skn
     st0 = _tile_mask(offs_n, LK, r0, D, BLOCK_D)
     st1 = _tile_mask(offs_n, LK, r1, D, BLOCK_D)
-    tl.store(DK + optr + r0[None, :], (dk0 * sm).to(DK.dtype.element_ty), mask=st0)
-    tl.store(DK + optr + r1[None, :], (dk1 * sm).to(DK.dtype.element_ty), mask=st1)
-    tl.store(DV + optr + r0[None, :], dv0.to(DV.dtype.element_ty), mask=st0)
-    tl.store(DV + optr + r1[None, :], dv1.to(DV.dtype.element_ty), mask=st1)
+    if PART != 1:
+        tl.store(DK + optr + r0[None, :], (dk0 * sm).to(DK.dtype.element_ty), mask=st0)
+        tl.store(DK + optr + r1[None, :], (dk1 * sm).to(DK.dtype.element_ty), mask=st1)
+    if PART != 2:
+        tl.store(DV + optr + r0[None, :], dv0.to(DV.dtype.element_ty), mask=st0)
+        tl.store(DV + optr + r1[None, :], dv1.to(DV.dtype.element_ty), mask=st1)
 
 
 @triton.jit
@@ -401,7 +406,11 @@ SPLIT_BLOCK_N = 128  # keys per _bwd_dkdv_split program without autotuning
 _dkdv_split_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": 128}, num_warps=8, num_stages=s) for s in (1, 2, 3)]
     + [triton.Config({"BLOCK_N": 64}, num_warps=4, num_stages=s) for s in (2, 3)],
-    key=_BWD_KEY)(_bwd_dkdv_split)
+    key=_BWD_KEY + ["PART"])(_bwd_dkdv_split)
+# head dims whose split dK/dV runs as two passes (PART 1: dV, PART 2: dK; S and P computed in both): at hd128
+# the one-pass kernel holds four fp32 accumulator halves and spills in every configuration (656-1384
+# bytes of stack offline), each pass alone does not
+DKDV_TWO_PASS = frozenset({64, 128})
 _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])(_bwd_dq)
 
 
@@ -418,6 +427,11 @@ def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
         if full and f in (1, 2):
             return dummy, 0, (0, 0, 0, 0), "bottom_right" if f == 1 else "none"
     return mask, kind, strides, causal
+
+
+def _dkdv_parts(d):
+    """The PART values of the split dK/dV launches at head dim ``d``: (1, 2) two passes, (0,) one."""
+    return (1, 2) if d in DKDV_TWO_PASS else (0,)
 
 
 def _check(d):
@@ -506,11 +520,15 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
         cfg = dict(_BWD_DEFAULT, **(config or {}))
         bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
         cfg.pop("BLOCK_N", None)
-        (_bwd_dkdv_split if split else _bwd_dkdv)[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta,
-                                                                                 BLOCK_N=bn, **cfg)
+        if split:
+            for part in _dkdv_parts(d):
+                _bwd_dkdv_split[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
+        else:
+            _bwd_dkdv[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
         _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
     elif split:
-        _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta)
+        for part in _dkdv_parts(d):
+            _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta, PART=part)
         _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     else:
         _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
