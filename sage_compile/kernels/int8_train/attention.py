@@ -409,8 +409,9 @@ _dkdv_split_tuned = triton.autotune(
     key=_BWD_KEY + ["PART"])(_bwd_dkdv_split)
 # head dims whose split dK/dV runs as two passes (PART 1: dV, PART 2: dK; S and P computed in both): at hd128
 # the one-pass kernel holds four fp32 accumulator halves and spills in every configuration (656-1384
-# bytes of stack offline), each pass alone does not
-DKDV_TWO_PASS = frozenset({64, 128})
+# bytes of stack offline), each pass alone does not: 1.02-1.13x there; at hd64 (no spills at 128 keys
+# on 8 warps) the second S/P costs more, 0.94x (H200, results/ab_kernels_run42_18add55_h200.*)
+DKDV_TWO_PASS = frozenset({128})
 _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])(_bwd_dq)
 
 
