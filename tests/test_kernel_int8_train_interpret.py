@@ -130,6 +130,22 @@ def test_split_key_block_is_not_part_of_the_numerics():
     assert all(torch.equal(a, b) for a, b in zip(g128, g64))
 
 
+def test_split_dkdv_two_passes_equal_one(monkeypatch):
+    """At the head dims of ``DKDV_TWO_PASS`` the split dK/dV runs as a dV pass and a dK pass (each
+    recomputing S and P): the same gradients bit for bit as the one-pass kernel, at hd128 and hd64."""
+    for d in (128, 64):
+        q, k, v = _inputs(lq=80, lk=72, d=d, seed=d)
+        qt = KQ.quantize(q, k, v)
+        o, lse = KA.forward(*qt[:6], "bottom_right", None, "HND", q.dtype)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(5)).to(q.dtype)
+        grads = {}
+        for two in (False, True):
+            monkeypatch.setattr(KA, "DKDV_TWO_PASS", frozenset({d}) if two else frozenset())
+            assert KA._dkdv_parts(d) == ((1, 2) if two else (0,))
+            grads[two] = KA.backward(*qt, o, lse, do, "bottom_right", None, "HND", q.dtype, psi="split")
+        assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True])), d
+
+
 def test_causal_bool_mask_runs_as_the_causal_rule():
     """A bool mask that is exactly causal (what transformers builds under compile) is recognised and run
     by the causal kernels: the same outputs and gradients bit for bit."""
