@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit  # noqa: E402
+from bench_attention import _commit, write_records  # noqa: E402
 
 
 def _mods(pkg):
@@ -124,8 +123,7 @@ def main():
                                  heads=h, causal=bool(cz), tops=flops / t / 1e9,
                                  note=f"bit-identical to {first}: {same.get(m, True)}"))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(recs, f, indent=1)
+        write_records(a.out, recs)
         print("wrote", a.out)
 
 
