@@ -59,4 +59,5 @@ def test_forward_and_dq_compile_for_sm90_without_spills(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-3:] == ["STACK", "0", "0"], r.stdout
     f2i = [line.split() for line in r.stdout.splitlines() if line.startswith("F2I")]
-    assert len(f2i) == 2 and all(int(n) <= 1 for _, _, n in f2i), f2i  # one outside the loop: the grid index math
+    # at most one each, before the loop: bh // HQ (an integer division through a reciprocal)
+    assert len(f2i) == 2 and all(int(n) <= 1 for _, _, n in f2i), f2i
