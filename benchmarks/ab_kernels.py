@@ -81,8 +81,9 @@ def main():
     tmods, fmods = _mods("int8_train"), _mods("int8_fp8")
     recs = []
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET=1)", torch=torch.__version__, date=str(datetime.date.today()),
-                commit=_commit(), command="python " + " ".join(sys.argv))
+    meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET=1)",
+                torch=torch.__version__, date=str(datetime.date.today()), commit=_commit(),
+                command="python " + " ".join(sys.argv))
     for spec in a.shapes.split(","):
         d, n, cz = (int(x) for x in spec.split(":"))
         causal = "top_left" if cz else "none"

@@ -1,7 +1,8 @@
 """Instruction mix of the Triton cores, compiled offline for sm_90 (no GPU needed): how many
 conversion (I2F / F2I / F2FP), MUFU, tensor-core (IMMA/QGMMA/HGMMA...) and other SASS instructions each
-kernel has, in total and in its loops. Conversions and MUFU.EX2 issue at 16 per clock and SM on sm_90
-(an eighth of the FP32 rate), so in a softmax-bound attention loop they are the first thing to count.
+kernel has, in total and in its loops (every loop of the kernel together, edge loops included). F2I and
+MUFU.EX2 issue at 16 per clock and SM on sm_90 (an eighth of the FP32 rate): replacing the INT8 kernels'
+F2I roundings paid 1.09-1.20x; I2FP (int32 -> fp32) is not that slow (results/ab_kernels_run39_*).
 
     python benchmarks/sass_mix.py [--kernels fwd,dkdv_split,dq,int8_fp8] [--hd 128] [--dump DIR]
 
@@ -22,8 +23,8 @@ from triton.compiler import ASTSource
 
 NODIV = {"c", "sm", "HQ", "H", "GROUP", "NQB", "NKB", "smb", "smh", "smq", "smk", "LQ", "LK"}
 FLOATS = {"c", "sm"}
-CLASSES = ("I2F", "I2FP", "F2I", "F2FP", "I2I", "MUFU", "IMMA", "HMMA", "QGMMA", "IGMMA", "HGMMA", "FSEL", "FMNMX", "FFMA", "FMUL", "FADD",
-           "IADD3", "LOP3", "PRMT")
+CLASSES = ("I2F", "I2FP", "F2I", "F2FP", "I2I", "MUFU", "IMMA", "HMMA", "QGMMA", "IGMMA", "HGMMA", "FSEL",
+           "FMNMX", "FFMA", "FMUL", "FADD", "IADD3", "LOP3", "PRMT")
 
 
 def _compile(fn, ptrs, const, warps, stages):
