@@ -74,6 +74,16 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
+// SAGE_EDGELOOP 1: the tiles that need no key mask run in a loop of their own (0: one loop, the mask under a
+// runtime test, which ptxas if-converts into ~100 predicated instructions on every tile).
+#ifndef SAGE_EDGELOOP
+#define SAGE_EDGELOOP 1
+#endif
+// SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile (keys k with (k >> 2) & 3
+// equal, SageAttention2's per-thread grouping in this kernel's key order): one K scale per thread and tile.
+#ifndef SAGE_KGROUP
+#define SAGE_KGROUP 0
+#endif
 
 namespace sage_sm90 {
 
@@ -106,6 +116,16 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// one elected lane of the (converged) warp arrives: a predicate, no lane index held in a register
+__device__ __forceinline__ void mbar_arrive_one(uint64_t* bar) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "elect.sync _|p, 0xffffffff;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "}\n" ::"r"(smem_u32(bar))
+      : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
@@ -377,17 +397,61 @@ __device__ __forceinline__ void split_rows(const float (&z)[64], float (&r)[2][3
 // tile crosses the key end or the causal diagonal (masked); keys past the end read zero scales from the
 // TMA fill. One code path: only the logits are touched under the edge branch, never a register a wgmma
 // reads (else ptxas serializes every wgmma of the kernel, warning C7520).
-template <bool CAUSAL>
+template <int E>
+struct EdgeMask {
+  static constexpr int value = E;
+};
+
+template <bool CAUSAL, int EDGE>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
                                              int lane) {
+  const bool mask = EDGE == 1 || (EDGE == 2 && edge);
+  float z[64];
+  // under `mask` (the tile crosses the key end or the causal diagonal): this thread's visible logits
+  auto visible = [&](int i, int e, int row) {
+    const int col = n0 + key_base(i) + kLaneKeys * t + e;
+    return col < lk && (!CAUSAL || col <= row + coff);
+  };
+#if SAGE_KGROUP
+  static_assert(SAGE_KPERM, "SAGE_KGROUP's groups are the lanes' keys of SAGE_KPERM's order");
+  // K scales tied in groups of 32 keys per tile (the keys k with (k >> 2) & 3 == t: exactly this lane's
+  // columns), so the thread's logits share one K scale dk: the row max is taken on S itself (exact int32
+  // -> fp32, I2FP) and each logit costs one FFMA, S * (qsc * dk) + offset, below. dk == 0 (an all-zero key
+  // group, or keys past the end: zero scales from the TMA fill) gives logit 0 for unmasked keys.
+  const float dk = sks[kLaneKeys * t];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) z[i] = __int2float_rn(static_cast<int>(sacc[i]));
+  float mx0, mx1;
+  {
+    float r[2][32];
+    split_rows(z, r);
+    if (mask) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (!visible(i, e, r0)) r[0][2 * i + e] = -INFINITY;
+          if (!visible(i, e, r0 + 8)) r[1][2 * i + e] = -INFINITY;
+        }
+    }
+    mx0 = tree_max<32>(r[0]);
+    mx1 = tree_max<32>(r[1]);
+    if (mask) {  // -inf * 0 would be NaN
+      mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
+      mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
+    } else {
+      mx0 *= dk;
+      mx1 *= dk;
+    }
+  }
+#else
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
   // (|S| <= 127^2 * 128 < 2^22: the bits of S + 0x4B400000 are the float 1.5 * 2^23 + S exactly) with the
   // subtraction folded into the scaling FFMA: y = f * dK - round(1.5 * 2^23 * dK), one rounding of the
   // exact product; the error is below dK (one unit of S, far under S's quantization error).
-  float z[64];
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 kv = *reinterpret_cast<const float2*>(sks + key_base(i) + kLaneKeys * t);
@@ -397,25 +461,19 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     z[4 * i + 2] = fmaf(__int_as_float(sacc[4 * i + 2] + 0x4B400000u), kv.x, nx);
     z[4 * i + 3] = fmaf(__int_as_float(sacc[4 * i + 3] + 0x4B400000u), kv.y, ny);
   }
-  if (edge) {
+  if (mask) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 16; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = n0 + key_base(i) + kLaneKeys * t + e;
-        bool k0 = col < lk, k1 = col < lk;
-        if (CAUSAL) {
-          k0 = k0 && (col <= r0 + coff);
-          k1 = k1 && (col <= r0 + 8 + coff);
-        }
-        if (!k0) z[4 * i + e] = -INFINITY;
-        if (!k1) z[4 * i + 2 + e] = -INFINITY;
+        if (!visible(i, e, r0)) z[4 * i + e] = -INFINITY;
+        if (!visible(i, e, r0 + 8)) z[4 * i + 2 + e] = -INFINITY;
       }
-    }
   }
   float r[2][32];
   split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
+#endif
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
@@ -427,10 +485,23 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   alpha[0] = ex2(m_i[0] - mu0);
   alpha[1] = ex2(m_i[1] - mu1);
   const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
+#if SAGE_KGROUP
+  const float a0 = qsc0 * dk, a1 = qsc1 * dk;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    float w = fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0);
+    if (mask) {
+      if (!visible(i / 4, i & 1, (i & 2) ? r0 + 8 : r0)) w = -INFINITY;
+    }
+    z[i] = ex2(w);
+  }
+  float r[2][32];
+#else
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
   }
+#endif
   split_rows(z, r);
   l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
   l_i[1] = fmaf(l_i[1], alpha[1], tree_sum<32>(r[1]));
@@ -586,14 +657,16 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     named_arrive<kPP>(other_bar);
     wg_wait0();
     reg_fence(sacc);
-    for (int j = 0; j < n_tiles; ++j) {
+    // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
+    // <1> it does, <2> a runtime test (SAGE_EDGELOOP 0)
+    auto tile = [&](int j, auto edge_c) {
       const int s = j % STAGES;
       const uint32_t parity = (j / STAGES) & 1;
       const int n0 = j * kBN;
       const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0, p.coff, qsc0, qsc1, t,
-                           lane);
+      softmax_tile<CAUSAL, decltype(edge_c)::value>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0,
+                                                    p.coff, qsc0, qsc1, t, lane);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -608,7 +681,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         wg_commit();
         wg_wait0();
         reg_fence(ot);
-        if (lane == 0) mbar_arrive(&empty[s]);  // S of this tile and its PV are done with the stage
+        mbar_arrive_one(&empty[s]);  // S of this tile and its PV are done with the stage
         fold_tile<D>(o, ot, alpha);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
@@ -616,7 +689,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         wg_commit();
         wg_wait0();
         reg_fence(sacc);
-        continue;
+        return;
       }
       named_sync<kPP>(my_bar);
       mbar_wait(&v_full[s], parity);
@@ -631,9 +704,20 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       wg_wait0();
       reg_fence(ot);
       reg_fence(sacc);
-      if (lane == 0) mbar_arrive(&empty[s]);  // this warp is done with the stage
+      mbar_arrive_one(&empty[s]);  // this warp is done with the stage
       fold_tile<D>(o, ot, alpha);
-    }
+    };
+#if SAGE_EDGELOOP
+    // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
+    // the full tiles' loop carries no masking code at all
+    const int vis = CAUSAL ? min(p.lk, wg_first + p.coff + 1) : p.lk;  // keys every row of the warpgroup sees
+    const int n_full = min(n_tiles, vis > 0 ? vis / kBN : 0);
+    int j = 0;
+    for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
+    for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
+#else
+    for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
+#endif
   }
 
   // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)
