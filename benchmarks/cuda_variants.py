@@ -6,7 +6,8 @@ kernel only, ``triton.testing.do_bench`` median; each variant's output is compar
     python benchmarks/cuda_variants.py --variants "base=;s3=-DSAGE_STAGES128=3" --out v.json
 
 TOPS = 4·B·H·N²·D / t (halved for causal). Records per shared/docs/conventions.md (kernel ``sage_int8_fp8``,
-``variant`` = ``cuda:<name>``, ``flags`` = the knobs).
+``variant`` = ``cuda:<name>``, ``flags`` = the knobs). The inputs are the prologue's (K scales tied in the
+groups of SAGE_KGROUP), which every build reads correctly.
 """
 from __future__ import annotations
 
@@ -30,16 +31,6 @@ def _build(flags: str) -> str:
     return f"{flags or '(default)'}: built in {time.time() - t0:.0f} s"
 
 
-def _tie_k_groups(k8: torch.Tensor, ks: torch.Tensor):
-    """K (B, H, N, D) int8 and its token scales (B, H, N) requantized with one scale per group: the keys k
-    of a 128-key tile with equal (k >> 2) & 3 (the CUDA core's SAGE_KGROUP), the group's largest scale."""
-    n = ks.shape[-1]
-    g = torch.nn.functional.pad(ks, (0, (-n) % 128)).unflatten(-1, (-1, 8, 4, 4))
-    g = g.amax(dim=(-3, -1), keepdim=True).expand_as(g).flatten(-4)[..., :n].contiguous()
-    k8g = torch.round(k8.float() * (ks / torch.where(g == 0, 1.0, g))[..., None]).clamp(-127, 127)
-    return k8g.to(torch.int8), g
-
-
 def main():
     import triton
     from triton.testing import do_bench
@@ -55,8 +46,6 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--out", default=None)
-    p.add_argument("--k-groups", action="store_true",
-                   help="tie the K scales in the CUDA core's 32-key groups (SAGE_KGROUP builds need it) for every variant")
     p.add_argument("--best-to", default=None, help="write the flags of the fastest variant on the first shape here")
     a = p.parse_args()
     variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
@@ -75,8 +64,6 @@ def main():
         d, n = int(d), int(n)
         q, k, v = (torch.randn(a.batch, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         qt = KQ.quantize(q, k, v, "HND", True)
-        if a.k_groups:
-            qt = (*qt[:2], *_tie_k_groups(*qt[2:4]), *qt[4:])
         flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
         row, first = [], None
         for name, flags in variants:

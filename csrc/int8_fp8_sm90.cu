@@ -1,15 +1,16 @@
 // SageAttention2 core for Hopper (sm_90a): INT8 QK^T, FP8 E4M3 PV with two-level accumulation.
 //
 // Same numerics as the Triton kernel (sage_compile/kernels/int8_fp8/attention.py) and the reference
-// (sage_compile/reference/int8_fp8.py, shared/docs/numerics.md §2): per-token INT8 Q/K scales with
-// softmax scale * log2(e) folded into Q's, online softmax in the exp2 domain over 128-key tiles with the
-// running row max mapped to 448, P~ rounded to E4M3, PV product of each tile accumulated in a fresh
-// tensor-core accumulator and added to the fp32 output once per tile, row sums from unrounded fp32 P~,
-// O * delta_V / l at the end.
+// (sage_compile/reference/int8_fp8.py, shared/docs/numerics.md §2): per-token INT8 Q scales with softmax
+// scale * log2(e) folded in, INT8 K scales tied in SageAttention2's per-thread groups (SAGE_KGROUP), online
+// softmax in the exp2 domain over 128-key tiles with the running row max mapped to 448, P~ rounded to E4M3,
+// PV product of each tile accumulated in a fresh tensor-core accumulator and added to the fp32 output once
+// per tile, row sums from unrounded fp32 P~, O * delta_V / l at the end.
 //
 // Inputs are the prologue's tensors (HND): q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq) fp32, k8 (B, Hkv, ldk, D)
-// int8 (ldk >= Lk a multiple of 4), ks (B, Hkv, Lk) fp32, v8 (B, Hkv, D, ldv) e4m3 (V transposed, ldv >= Lk
-// a multiple of 16), vs (B, Hkv, D) fp32. Output: any (b, h, token) strides, channel stride 1, bf16 or fp16.
+// int8 (ldk >= Lk a multiple of 4), ks (B, Hkv, Lk) fp32 (tied in groups: SAGE_KGROUP), v8 (B, Hkv, D, ldv)
+// e4m3 (V transposed, ldv >= Lk a multiple of 16), vs (B, Hkv, D) fp32. Output: any (b, h, token) strides,
+// channel stride 1, bf16 or fp16.
 //
 // CTA at hd128: 128 query rows, 12 warps: warps 0-7 are two consumer warpgroups (64 rows each, 240 registers
 // per thread through setmaxnreg), warps 8-11 the producer warpgroup (24 registers); at hd64 three consumer
@@ -74,15 +75,21 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_EDGELOOP 1: the tiles that need no key mask run in a loop of their own (0: one loop, the mask under a
-// runtime test, which ptxas if-converts into ~100 predicated instructions on every tile).
-#ifndef SAGE_EDGELOOP
-#define SAGE_EDGELOOP 1
-#endif
-// SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile (keys k with (k >> 2) & 3
-// equal, SageAttention2's per-thread grouping in this kernel's key order): one K scale per thread and tile.
+// SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
+// (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
+// the int8_fp8 prologue writes them (reference.quant.quant_int8_k_groups): one K scale per thread and tile,
+// the row max on S itself and one FFMA per logit. 0: any per-token K scales (an FFMA more per logit and the
+// scale loads: run 44 measured 1.11-1.13x at hd128, 1.22-1.24x at hd64 for the grouped kernel).
 #ifndef SAGE_KGROUP
-#define SAGE_KGROUP 0
+#define SAGE_KGROUP SAGE_KPERM  // (its groups are SAGE_KPERM's lanes)
+#endif
+// SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
+// loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
+// ptxas if-converts into ~100 predicated instructions on every tile (with SAGE_KGROUP 1, ~200 and spills at
+// hd64). Run 44 (cuda_variants_run44_*, per-token K): 1.00x / 1.02-1.05x non-causal at hd128 / hd64, but
+// 0.93-0.95x causal; the grouped kernel (SAGE_KGROUP) with both bits: causal as fast as per-token's one loop.
+#ifndef SAGE_EDGELOOP
+#define SAGE_EDGELOOP (SAGE_KGROUP ? 3 : 1)
 #endif
 
 namespace sage_sm90 {
@@ -418,33 +425,30 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   static_assert(SAGE_KPERM, "SAGE_KGROUP's groups are the lanes' keys of SAGE_KPERM's order");
   // K scales tied in groups of 32 keys per tile (the keys k with (k >> 2) & 3 == t: exactly this lane's
   // columns), so the thread's logits share one K scale dk: the row max is taken on S itself (exact int32
-  // -> fp32, I2FP) and each logit costs one FFMA, S * (qsc * dk) + offset, below. dk == 0 (an all-zero key
-  // group, or keys past the end: zero scales from the TMA fill) gives logit 0 for unmasked keys.
+  // -> fp32, I2FP) and each logit costs one FFMA, S * (qsc * dk) + offset, below. A masked logit is -inf
+  // from here on (its FFMA keeps it: the factor is > 0 or NaN, see a0). dk == 0 (an all-zero key group, or
+  // keys past the end: zero scales from the TMA fill) gives logit 0 for the unmasked keys.
   const float dk = sks[kLaneKeys * t];
 #pragma unroll
   for (int i = 0; i < 64; ++i) z[i] = __int2float_rn(static_cast<int>(sacc[i]));
-  float mx0, mx1;
-  {
-    float r[2][32];
-    split_rows(z, r);
-    if (mask) {
+  if (mask) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
+    for (int i = 0; i < 16; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!visible(i, e, r0)) r[0][2 * i + e] = -INFINITY;
-          if (!visible(i, e, r0 + 8)) r[1][2 * i + e] = -INFINITY;
-        }
-    }
-    mx0 = tree_max<32>(r[0]);
-    mx1 = tree_max<32>(r[1]);
-    if (mask) {  // -inf * 0 would be NaN
-      mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
-      mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
-    } else {
-      mx0 *= dk;
-      mx1 *= dk;
-    }
+      for (int e = 0; e < 2; ++e) {
+        if (!visible(i, e, r0)) z[4 * i + e] = -INFINITY;
+        if (!visible(i, e, r0 + 8)) z[4 * i + 2 + e] = -INFINITY;
+      }
+  }
+  float r[2][32];
+  split_rows(z, r);
+  float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
+  if (mask) {  // -inf * 0 would be NaN
+    mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
+    mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
+  } else {
+    mx0 *= dk;
+    mx1 *= dk;
   }
 #else
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
@@ -486,16 +490,13 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   alpha[1] = ex2(m_i[1] - mu1);
   const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
 #if SAGE_KGROUP
-  const float a0 = qsc0 * dk, a1 = qsc1 * dk;
+  // the logits' factors; 0 (dk == 0, or an underflow) becomes the smallest normal float, so that a masked
+  // -inf stays -inf (-inf * 0 would be NaN) and an unmasked logit still gives the offset; NaN stays NaN
+  float a0 = qsc0 * dk, a1 = qsc1 * dk;
+  a0 = a0 == 0.f ? 1.17549435e-38f : a0;
+  a1 = a1 == 0.f ? 1.17549435e-38f : a1;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    float w = fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0);
-    if (mask) {
-      if (!visible(i / 4, i & 1, (i & 2) ? r0 + 8 : r0)) w = -INFINITY;
-    }
-    z[i] = ex2(w);
-  }
-  float r[2][32];
+  for (int i = 0; i < 64; ++i) z[i] = ex2(fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0));
 #else
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
@@ -658,7 +659,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     wg_wait0();
     reg_fence(sacc);
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
-    // <1> it does, <2> a runtime test (SAGE_EDGELOOP 0)
+    // <1> it does, <2> a runtime test (SAGE_EDGELOOP's bit unset)
     auto tile = [&](int j, auto edge_c) {
       const int s = j % STAGES;
       const uint32_t parity = (j / STAGES) & 1;
@@ -707,17 +708,17 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_arrive_one(&empty[s]);  // this warp is done with the stage
       fold_tile<D>(o, ot, alpha);
     };
-#if SAGE_EDGELOOP
-    // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
-    // the full tiles' loop carries no masking code at all
-    const int vis = CAUSAL ? min(p.lk, wg_first + p.coff + 1) : p.lk;  // keys every row of the warpgroup sees
-    const int n_full = min(n_tiles, vis > 0 ? vis / kBN : 0);
-    int j = 0;
-    for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
-    for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
-#else
-    for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
-#endif
+    if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0) {
+      // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
+      // the full tiles' loop carries no masking code at all
+      const int vis = CAUSAL ? min(p.lk, wg_first + p.coff + 1) : p.lk;  // keys every row of the warpgroup sees
+      const int n_full = min(n_tiles, vis > 0 ? vis / kBN : 0);
+      int j = 0;
+      for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
+      for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
+    } else {
+      for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
+    }
   }
 
   // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)

@@ -41,15 +41,18 @@ def compiled(request, tmp_path_factory):
 
 
 # The hd64 kernels run three consumer warpgroups at 160 registers (SAGE_WG64=3, 18 % faster on the H200 than
-# two, benchmarks/results/cuda_variants_run14_*). The causal ones spill a few scalars there (20 bytes: a
-# 4-byte store + load per tile in the loop, the rest outside it), bounded here so that growth is caught;
-# the non-causal and hd128 kernels spill nothing, nor does any kernel with SAGE_SPLIT64=1 (PV waited before
-# the next S: 7 % slower at hd64 causal 16K and at 4K, benchmarks/results/cuda_variants_run15_*).
-HD64_CAUSAL_SPILL_BYTES = 24  # (20 with the default knobs, 24 with SAGE_KPERM=0)
+# two, benchmarks/results/cuda_variants_run14_*). They spill a few scalars there: with the default knobs 4
+# bytes non-causal (one store + load a tile) and 48 / 72 bytes causal (six a tile in the loop, the rest in the
+# masked tiles' loop), 36 with SAGE_KPERM=0; bounded here so that growth is caught. The hd128 kernels spill
+# nothing, nor does any kernel with SAGE_SPLIT64=1 (PV waited before the next S: 7 % slower at hd64 causal
+# 16K and at 4K, benchmarks/results/cuda_variants_run15_*).
+HD64_SPILL_BYTES = {False: 8, True: 80}  # by causal
 
 
 def _spill_limit(knobs: str, d: str, causal: bool) -> int:
-    return HD64_CAUSAL_SPILL_BYTES if d == "64" and causal and "SAGE_SPLIT64=1" not in knobs else 0
+    if "SAGE_KPERM=0" in knobs and d == "64":
+        return 40
+    return HD64_SPILL_BYTES[causal] if d == "64" and "SAGE_SPLIT64=1" not in knobs else 0
 
 
 def test_kernel_compiles_for_sm90a_without_spills(compiled):
@@ -82,10 +85,11 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         d, causal = re.search(r"fwd_kernelILi(\d+)ELi\d+ELb([01])E", name).groups()
         local = len(re.findall(r"\b(LDL|STL)\b", f))
-        assert local <= (12 if _spill_limit(knobs, d, causal == "1") else 0), (knobs, name, local)
-        # asynchronous: the wgmmas of a turn are issued back to back, one wait each for S and for PV + next S
-        # (a serialized kernel waits after every wgmma: 20+ waits)
-        assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 3, name
+        assert local <= (20 if _spill_limit(knobs, d, causal == "1") else 0), (knobs, name, local)
+        # asynchronous: the wgmmas of a turn are issued back to back, one wait for the first S and one for
+        # PV + next S in each of the two tile loops (SAGE_EDGELOOP), two with SAGE_SPLIT64 (a serialized
+        # kernel waits after every wgmma: 20+ waits)
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 5, name
 
 
 def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):

@@ -36,7 +36,7 @@ def test_prologue_bit_identical(d):
     v[..., 2] = 0  # a zero channel
     got = KQ.quantize(q, k, v)
     mean = KQ.k_mean(k)
-    want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v, 16))
+    want = (*Q.quant_int8(q, 1), *Q.quant_int8_k_groups(k.float() - mean[..., None, :]), *Q.quant_fp8_v(v, 16))
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(bits(a), bits(b))
@@ -77,7 +77,7 @@ def test_prologue_with_channel_rescale_bit_identical():
     q, k, v = _inputs()
     got = KQ.quantize(q, k, v, "HND", True)
     qf, ksm = R.rescale_channels(q.float(), k.float() - KQ.k_mean(k)[..., None, :])
-    want = (*Q.quant_int8(qf, 1), *Q.quant_int8(ksm, 1))
+    want = (*Q.quant_int8(qf, 1), *Q.quant_int8_k_groups(ksm))
     for a, b in zip(got[:4], want):
         assert torch.equal(a, b)
 

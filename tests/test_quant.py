@@ -55,6 +55,30 @@ def test_int8_block_groups_share_scale():
     assert (err <= scale.repeat_interleave(64, -1)[..., :200, None] / 2 + 1e-7).all()
 
 
+def test_int8_k_groups_tie_32_keys_of_each_tile():
+    """K's scale groups (the CUDA core's per-thread groups): in each 128-key tile, the keys with equal
+    (k >> 2) & 3; the group's scale is the largest per-token scale of its keys; a NaN poisons its group only."""
+    x = torch.randn(2, 3, 300, 16)
+    x[1, 2, 133, 5] = float("nan")  # tile 1, key 5 of it: group 4 + 1
+    vals, scale = Q.quant_int8_k_groups(x)
+    _, tok = Q.quant_int8(x, 1)
+    gid = Q.k_group_ids(300)
+    assert gid[:20].tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [0] * 4 and gid[299] == 8 + 2
+    assert scale.shape == tok.shape
+    for g in range(int(gid.max()) + 1):
+        keys = gid == g
+        want = tok[..., keys].amax(-1, keepdim=True).expand(-1, -1, int(keys.sum()))
+        if g == 5:
+            assert scale[1, 2, keys].isnan().all() and not scale[1, 2, ~keys].isnan().any()
+            want = want.clone()
+            want[1, 2] = float("nan")
+        torch.testing.assert_close(scale[..., keys], want, rtol=0, atol=0, equal_nan=True, msg=f"group {g}")
+    ok = ~scale.isnan()[..., None].expand_as(x)
+    err = (vals.float() * scale[..., None] - x).abs()
+    assert (err[ok] <= scale[..., None].expand_as(x)[ok] / 2 + 1e-7).all()
+    assert torch.equal(vals, torch.round(Q.div_rn(x, scale[..., None])).clamp(-127, 127).nan_to_num(0.0).to(torch.int8))
+
+
 def test_int8_nan_and_inf_propagate_to_scale():
     x = torch.ones(1, 1, 2, 4)
     x[0, 0, 0, 1] = float("nan")

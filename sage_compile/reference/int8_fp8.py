@@ -1,8 +1,9 @@
 """SageAttention2 numerics (``int8_fp8``), reference. See shared/docs/numerics.md §2 and §7.3.
 
-Prologue: K smoothing (token mean, fp32, never in place); per-token INT8 Q and K (a strict refinement of
-the sm90 per-thread groups); V per-channel FP8 E4M3 (amax/448), stored transposed ``(B, H, D, N)``, tokens
-padded with zeros to a multiple of 16.
+Prologue: K smoothing (token mean, fp32, never in place); per-token INT8 Q (a strict refinement of the
+sm90 per-thread Q groups), INT8 K in SageAttention2's per-thread groups of 32 keys per 128-key tile
+(:func:`~sage_compile.reference.quant.quant_int8_k_groups`: the CUDA core's fast path); V per-channel
+FP8 E4M3 (amax/448), stored transposed ``(B, H, D, N)``, tokens padded with zeros to a multiple of 16.
 Core: S = (q̂·k̂ᵀ) exact, dequantized by the outer product of token scales; online softmax in the exp2
 domain over 128-key tiles with the running row max mapped to 448; P̃ rounded to E4M3; P̂·V̂ per tile
 added into an fp32 accumulator (two-level accumulation); row sums from unrounded fp32 P̃; O·δ_V at the end.
@@ -16,7 +17,8 @@ import torch
 
 from . import engine
 from .layout import from_hnd, to_hnd
-from .quant import channel_balance, div_rn, quant_fp8_v, quant_int8, smooth_k, smoothed_amax, to_e4m3
+from .quant import (channel_balance, div_rn, quant_fp8_v, quant_int8, quant_int8_k_groups, smooth_k, smoothed_amax,
+                    to_e4m3)
 
 BLOCK_N = 128
 V_KEY_MULTIPLE = 16  # V^T's token axis is padded with zeros to this (the CUDA core's TMA needs it; no copies)
@@ -30,7 +32,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     (:func:`~sage_compile.reference.quant.channel_balance`; exact in real arithmetic, it moves K's outlier
     channels into Q, where per-token scales absorb them).
 
-    Returns ``(q8 (B,Hq,Nq,D) int8, qs (B,Hq,Nq) f32, k8 (B,Hkv,Nk,D) int8, ks (B,Hkv,Nk) f32,
+    Returns ``(q8 (B,Hq,Nq,D) int8, qs (B,Hq,Nq) f32, k8 (B,Hkv,Nk,D) int8, ks (B,Hkv,Nk) f32 (one value
+    per key, tied in the groups of :func:`~sage_compile.reference.quant.quant_int8_k_groups`),
     v8 (B,Hkv,D,Nk16) float8_e4m3fn, vs (B,Hkv,D) f32)``: V transposed, its keys padded with zeros to
     Nk16 = a multiple of :data:`V_KEY_MULTIPLE` (the key count is k8's).
     """
@@ -41,7 +44,7 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
         # producer's output (RoPE, QK-norm) in that dtype for the reduction and the quantizer, not in fp32
         qf, ksm = rescale_channels(qf, ksm, smoothed_amax(k, mean), q)
     q8, qs = quant_int8(qf, 1)
-    k8, ks = quant_int8(ksm, 1)
+    k8, ks = quant_int8_k_groups(ksm)
     v8, vs = quant_fp8_v(v, V_KEY_MULTIPLE)
     return q8, qs, k8, ks, v8, vs
 

@@ -1,5 +1,6 @@
-"""Triton prologue of ``int8_fp8``: per-token INT8 Q and (smoothed) K, per-channel FP8 V transposed (its
-tokens padded with zeros to a multiple of 16).
+"""Triton prologue of ``int8_fp8``: per-token INT8 Q, INT8 (smoothed) K with its scales tied in the
+per-thread groups of :func:`sage_compile.reference.quant.quant_int8_k_groups`, per-channel FP8 V
+transposed (its tokens padded with zeros to a multiple of 16).
 
 Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (conventions.md rule 1):
 IEEE-exact divisions (``div_rn``), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
@@ -13,6 +14,7 @@ import triton
 import triton.language as tl
 
 from ...reference.int8_fp8 import V_KEY_MULTIPLE
+from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, rne, to_e4m3
 
@@ -43,10 +45,12 @@ def int8_values(x, scale, EMULATE: tl.constexpr):
 
 @triton.jit
 def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
-                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     EMULATE: tl.constexpr):
+                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
-    s of shape (B, H // GROUP, D))."""
+    s of shape (B, H // GROUP, D)). KGROUP (BLOCK_N = 128, one 128-key tile): the scales tied in the
+    groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
+    group t)."""
     x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
@@ -59,6 +63,11 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
             x = tl.math.div_rn(x, tl.broadcast_to(ch[None, :], x.shape))
     amax = tl.max(tl.abs(x), axis=1)
     nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
+    if KGROUP:
+        ga = tl.max(tl.max(tl.reshape(amax, (8, 4, 4)), axis=2), axis=0)
+        gn = tl.max(tl.max(tl.reshape(nan.to(tl.int32), (8, 4, 4)), axis=2), axis=0)
+        amax = tl.reshape(tl.broadcast_to(ga[None, :, None], (8, 4, 4)), (BLOCK_N,))
+        nan = tl.reshape(tl.broadcast_to(gn[None, :, None], (8, 4, 4)), (BLOCK_N,)) > 0
     scale = tl.where(nan, float("nan"), tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)))
     y = int8_values(x, tl.broadcast_to(scale[:, None], x.shape), EMULATE)
     tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
@@ -90,20 +99,22 @@ def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
-                    channel_mode: int = 0):
+                    channel_mode: int = 0, k_groups: bool = False):
     """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N)); with
     ``channel`` (B, Hc, D) fp32 (Hc divides H) the rows are first multiplied (``channel_mode=1``) or
-    divided (2) by it per channel."""
+    divided (2) by it per channel. ``k_groups``: the scales tied in K's groups
+    (:func:`sage_compile.reference.quant.quant_int8_k_groups`)."""
     b, h, n, d = x_hnd.shape
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
     block_d = max(16, triton.next_power_of_2(d))
-    block_n = max(1, min(64, 8192 // block_d))
+    block_n = K_GROUP_TILE if k_groups else max(1, min(64, 8192 // block_d))
     group = h // channel.shape[1] if channel is not None else 1
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
         x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
         h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
-        BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
+        KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
+        num_warps=8 if k_groups and block_d >= 128 else 4)
     return y, s
 
 
@@ -174,9 +185,9 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     if channel_rescale:
         s = channel_scales(q, k, mean)
         q8, qs = quant_rows_int8(q, None, s, 1)
-        k8, ks = quant_rows_int8(k, mean, s, 2)
+        k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True)
     else:
         q8, qs = quant_rows_int8(q)
-        k8, ks = quant_rows_int8(k, mean)
+        k8, ks = quant_rows_int8(k, mean, k_groups=True)
     v8, vs = quant_v_fp8(v)
     return q8, qs, k8, ks, v8, vs
