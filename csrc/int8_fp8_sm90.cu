@@ -85,11 +85,11 @@
 #endif
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
-// ptxas if-converts into ~100 predicated instructions on every tile (with SAGE_KGROUP 1, ~200 and spills at
-// hd64). Run 44 (cuda_variants_run44_*, per-token K): 1.00x / 1.02-1.05x non-causal at hd128 / hd64, but
-// 0.93-0.95x causal; the grouped kernel (SAGE_KGROUP) with both bits: causal as fast as per-token's one loop.
+// ptxas if-converts into ~70-100 predicated instructions on every tile. H200 (cuda_variants_run4[45]_*): the
+// own loop pays non-causal (hd128 / hd64 1.00-1.03x / 1.02-1.05x), but causal kernels ran 0.93-0.95x with
+// it (per-token K) and 0.94x (hd128 16K, grouped K: 722 vs 772 TOPS), so causal keeps the one loop.
 #ifndef SAGE_EDGELOOP
-#define SAGE_EDGELOOP (SAGE_KGROUP ? 3 : 1)
+#define SAGE_EDGELOOP 1
 #endif
 
 namespace sage_sm90 {

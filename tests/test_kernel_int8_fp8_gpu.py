@@ -35,7 +35,7 @@ def test_prologue_bit_identical_on_gpu(d):
     # the CPU reference defines the bits: torch on CUDA divides by a Python scalar via its reciprocal
     mean = KQ.k_mean(k).cpu()
     q, k, v = q.cpu(), k.cpu(), v.cpu()
-    want = (*Q.quant_int8(q, 1), *Q.quant_int8(k.float() - mean[..., None, :], 1), *Q.quant_fp8_v(v, 16))
+    want = (*Q.quant_int8(q, 1), *Q.quant_int8_k_groups(k.float() - mean[..., None, :]), *Q.quant_fp8_v(v, 16))
     names = ("q8", "qs", "k8", "ks", "v8", "vs")
     # the channel-balanced prologue, given the GPU's channel factors (conventions.md: bit-identical given
     # identical smoothed inputs); the factors themselves agree to rounding (torch's CUDA sqrt/division)
@@ -45,7 +45,7 @@ def test_prologue_bit_identical_on_gpu(d):
     qr = q.float() * s_gpu.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, :, None, :]
     kr = (k.float() - mean[..., None, :]) / s_gpu[:, :, None, :]
     got_r = [t.cpu() for t in KQ.quantize(q.cuda(), k.cuda(), v.cuda(), "HND", True)[:4]]
-    got, want = got + got_r, want + (*Q.quant_int8(qr, 1), *Q.quant_int8(kr, 1))
+    got, want = got + got_r, want + (*Q.quant_int8(qr, 1), *Q.quant_int8_k_groups(kr))
     names = names + ("q8_rescaled", "qs_rescaled", "k8_rescaled", "ks_rescaled")
     for name, a, b in zip(names, got, want):
         a, b = bits(a), bits(b)

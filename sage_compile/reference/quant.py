@@ -202,14 +202,18 @@ def quant_int8_k_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     n = xf.shape[-2]
     amax = xf.abs().amax(dim=-1)
-    has_nan = torch.isnan(xf).any(dim=-1)
-    # (..., tiles, 8, 4, 4): within a tile, key 16a + 4t + u sits at [a, t, u]; the group is t
-    grid = torch.nn.functional.pad(amax, (0, (-n) % K_GROUP_TILE)).unflatten(-1, (-1, 8, 4, 4))
-    nan = torch.nn.functional.pad(has_nan, (0, (-n) % K_GROUP_TILE)).unflatten(-1, (-1, 8, 4, 4))
-    gmax = grid.amax(dim=(-3, -1), keepdim=True)
-    gnan = nan.any(dim=-1, keepdim=True).any(dim=-3, keepdim=True)
+    amax = torch.where(torch.isnan(xf).any(dim=-1), torch.full_like(amax, float("nan")), amax)
+    tok = _div_exact(amax, INT8_MAX)  # the per-token scales (quant_int8's); a group takes their max (exact:
+    # the division is monotone) and a NaN poisons its group (NaN > 0 is false: taken by an explicit test)
+    # (..., tiles, 8, 4, 4): within a tile, key 16a + 4t + u sits at [a, t, u]; the group is t. One tile of
+    # zeros more than the keys need: the tile count is then at least 2 for every length, so a graph compiled
+    # with dynamic shapes has no size-1 case to guard on (it recompiled at the first length past 128)
+    padded = torch.nn.functional.pad(tok, (0, (-n) % K_GROUP_TILE + K_GROUP_TILE))
+    grid = padded.unflatten(-1, (-1, 8, 4, 4))
+    gmax = grid.amax(dim=-1).amax(dim=-2)  # (..., tiles, 4)
+    gnan = torch.isnan(grid).any(dim=-1).any(dim=-2)
     gmax = torch.where(gnan, torch.full_like(gmax, float("nan")), gmax)
-    scale = _div_exact(gmax.expand_as(grid).flatten(-4)[..., :n], INT8_MAX)
+    scale = gmax[..., None, :, None].expand(grid.shape).flatten(-4)[..., :n]
     vals = torch.round(_safe_div(xf, scale[..., None])).clamp(-INT8_MAX, INT8_MAX)
     vals = torch.nan_to_num(vals, nan=0.0)  # NaN groups carry the NaN in their scale
     return vals.to(torch.int8), scale
