@@ -118,7 +118,8 @@ def _contig(ts):
 @torch.library.custom_op("sage_compile::quantize_int8_fp8", mutates_args=())
 def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str,
                       channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """SageAttention2 prologue: K smoothing, (optional Q/K channel balancing), per-token INT8 Q/K,
+    """SageAttention2 prologue: K smoothing, (optional Q/K channel balancing), per-token INT8 Q, INT8 K
+    with its token scales tied in SageAttention2's per-thread groups (reference.quant.quant_int8_k_groups),
     per-channel FP8 V (transposed, keys padded with zeros to a multiple of 16)."""
     return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
 
