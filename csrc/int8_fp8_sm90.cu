@@ -431,25 +431,6 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   const float dk = sks[kLaneKeys * t];
 #pragma unroll
   for (int i = 0; i < 64; ++i) z[i] = __int2float_rn(static_cast<int>(sacc[i]));
-  if (mask) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (!visible(i, e, r0)) z[4 * i + e] = -INFINITY;
-        if (!visible(i, e, r0 + 8)) z[4 * i + 2 + e] = -INFINITY;
-      }
-  }
-  float r[2][32];
-  split_rows(z, r);
-  float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
-  if (mask) {  // -inf * 0 would be NaN
-    mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
-    mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
-  } else {
-    mx0 *= dk;
-    mx1 *= dk;
-  }
 #else
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
@@ -465,6 +446,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     z[4 * i + 2] = fmaf(__int_as_float(sacc[4 * i + 2] + 0x4B400000u), kv.x, nx);
     z[4 * i + 3] = fmaf(__int_as_float(sacc[4 * i + 3] + 0x4B400000u), kv.y, ny);
   }
+#endif
   if (mask) {
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -477,6 +459,14 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   float r[2][32];
   split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
+#if SAGE_KGROUP
+  if (mask) {  // -inf * 0 would be NaN
+    mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
+    mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
+  } else {
+    mx0 *= dk;
+    mx1 *= dk;
+  }
 #endif
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
