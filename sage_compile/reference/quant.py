@@ -167,10 +167,15 @@ def quant_int8(x: torch.Tensor, block: int = 1) -> tuple[torch.Tensor, torch.Ten
     has_nan = torch.isnan(groups).any(dim=-1).any(dim=-1)
     amax = torch.where(has_nan, torch.full_like(amax, float("nan")), amax)
     scale = _div_exact(amax, INT8_MAX)
-    s_tok = (scale if block == 1 else scale.repeat_interleave(block, dim=-1)[..., :n])[..., None]
-    vals = torch.round(_safe_div(xf, s_tok)).clamp(-INT8_MAX, INT8_MAX)
-    vals = torch.nan_to_num(vals, nan=0.0)  # NaN groups carry the NaN in their scale
-    return vals.to(torch.int8), scale
+    s_tok = scale if block == 1 else scale.repeat_interleave(block, dim=-1)[..., :n]
+    return _int8_values(xf, s_tok), scale
+
+
+def _int8_values(xf: torch.Tensor, s_tok: torch.Tensor) -> torch.Tensor:
+    """RNE(x / scale) clamped to ±127 as int8 for fp32 ``xf (..., N, D)`` and per-token scales
+    ``(..., N)``; 0 where a scale is 0 or NaN (NaN groups carry the NaN in their scale)."""
+    vals = torch.round(_safe_div(xf, s_tok[..., None])).clamp(-INT8_MAX, INT8_MAX)
+    return torch.nan_to_num(vals, nan=0.0).to(torch.int8)
 
 
 K_GROUP_TILE = 128  # keys per tile of the int8_fp8 cores; a tile holds 4 K scale groups of 32 keys
@@ -214,9 +219,7 @@ def quant_int8_k_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     gnan = torch.isnan(grid).any(dim=-1).any(dim=-2)
     gmax = torch.where(gnan, torch.full_like(gmax, float("nan")), gmax)
     scale = gmax[..., None, :, None].expand(grid.shape).flatten(-4)[..., :n]
-    vals = torch.round(_safe_div(xf, scale[..., None])).clamp(-INT8_MAX, INT8_MAX)
-    vals = torch.nan_to_num(vals, nan=0.0)  # NaN groups carry the NaN in their scale
-    return vals.to(torch.int8), scale
+    return _int8_values(xf, scale), scale
 
 
 def dequant_int8(vals: torch.Tensor, scale: torch.Tensor, block: int = 1) -> torch.Tensor:
