@@ -12,7 +12,8 @@ at 480x832 -> 32,760 video tokens, cross-attention to 512 text tokens), ``hunyua
 (its real width, 24 heads x 128, with 2 dual- and 4 single-stream blocks of its 20 + 40; 61 frames at
 544x960 -> 32,640 video tokens + 256 text, a text padding mask). Variants: ``eager``, ``inductor`` (SDPA as Inductor picks it),
 ``inductor_cudnn`` (the same under ``sdpa_kernel(CUDNN_ATTENTION)``),
-``sage_<scheme>`` (``backend="sage"``, ``kernel=<scheme>``). Per variant: step latency
+``sage_<scheme>`` (``backend="sage"``, ``kernel=<scheme>``; ``sage_<scheme>@op`` with the prologue op instead
+of the graph prologue). Per variant: step latency
 (``triton.testing.do_bench`` median), compile time (first call), the attention kernels' share of the CUDA
 time of one step (profiler, by kernel name), and the output's cos / rel-L1 vs eager. The Amdahl
 prediction for each sage variant uses the base step's attention share and the attention kernels'
@@ -178,9 +179,26 @@ def _variant(m, var: str):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return torch.compile(m), functools.partial(sdpa_kernel, [SDPBackend.CUDNN_ATTENTION])
-    if var.startswith("sage_"):
-        return torch.compile(m, backend=sage_compile.make_backend(kernel=var[len("sage_"):])), contextlib.nullcontext
+    if var.startswith("sage_"):  # sage_<kernel>[@<prologue>]: e.g. sage_int8_fp8@op
+        kernel, _, prologue = var[len("sage_"):].partition("@")
+        opts = dict(prologue=prologue) if prologue else {}
+        return torch.compile(m, backend=sage_compile.make_backend(kernel=kernel, **opts)), contextlib.nullcontext
     raise ValueError(var)
+
+
+# where a first call's compile time goes (Dynamo's compile-time metrics, seconds summed over the call)
+_PHASES = ("OutputGraph.call_user_compiler", "create_aot_dispatcher_function", "GraphLowering.run",
+           "Scheduler.__init__", "GraphLowering.codegen", "async_compile.wait", "PyCodeCache.load_by_key_path")
+
+
+def compile_phases() -> dict:
+    """{phase: seconds} of the compiles since the last :func:`reset_phases` (empty where torch lacks the metrics)."""
+    m = getattr(torch._dynamo.utils, "compilation_time_metrics", {})
+    return {k: round(sum(m[k]), 2) for k in _PHASES if k in m}
+
+
+def reset_phases() -> None:
+    getattr(torch._dynamo.utils, "compilation_time_metrics", {}).clear()
 
 
 def main():
@@ -209,12 +227,18 @@ def main():
         fn_m, ctx = _variant(m, var)
         with torch.no_grad(), ctx():
             sage_compile.debug.clear_reports()
+            reset_phases()
             t0 = time.perf_counter()
             y = fn_m(**kw)[0]
             sync()
             first = time.perf_counter() - t0
+            phases = compile_phases()
+            if phases:
+                print(f"{a.model} {var:16s} compile phases (s): {phases}", flush=True)
+                recs += [dict(meta, kernel=var, variant="step", metric="compile_phase_s", value=v, note=k)
+                         for k, v in phases.items()]
             split = ""
-            if var == "sage_int8_fp8" and a.device == "cuda":  # the first call's seconds outside the compile
+            if var.startswith("sage_int8_fp8") and a.device == "cuda":  # the first call's seconds outside the compile
                 from sage_compile.kernels.int8_fp8 import cuda as sage_cuda
 
                 st = sage_cuda.status()

@@ -45,6 +45,30 @@ def test_prologue_bit_identical(d):
     assert v8.shape[-1] == 144 and v8.is_contiguous() and torch.equal(pad, torch.zeros_like(pad))
 
 
+def test_prologue_token_stats_over_several_chunks():
+    """Token reductions split over chunks of STATS_CHUNK tokens (a ragged last one): the mean agrees with
+    torch's to rounding, the rest of the prologue (channel factors, V scales, every value) is the
+    reference's bits given that mean; NaN poisons exactly its channel's V scale and K's factor is 1."""
+    lk = 2 * KQ.STATS_CHUNK + 77
+    q, k, v = _inputs(lq=70, lk=lk)
+    k[0, 1, lk - 3, 5] = 500.0  # an outlier in the last (ragged) chunk
+    v[0, 0, KQ.STATS_CHUNK + 1, 9] = -300.0  # V's amax in the middle chunk, negative
+    got = KQ.quantize(q, k, v, "HND", True)
+    mean = KQ.k_mean(k)
+    assert torch.allclose(mean, k.float().mean(dim=-2), rtol=1e-6, atol=1e-6)
+    qf, ksm = R.rescale_channels(q.float(), k.float() - mean[..., None, :])
+    want = (*Q.quant_int8(qf, 1), *Q.quant_int8_k_groups(ksm), *Q.quant_fp8_v(v, 16))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(bits(a), bits(b))
+    v[0, 1, KQ.STATS_CHUNK + 5, 3] = float("nan")
+    vs = KQ.quantize(q, k, v)[5]
+    assert torch.isnan(vs[0, 1, 3]) and int(torch.isnan(vs).sum()) == 1
+    k[0, 0, 2 * KQ.STATS_CHUNK + 1, 7] = float("nan")
+    s = KQ.channel_scales(q, k, KQ.k_mean(k))
+    assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
+
+
 def test_prologue_nhd_layout_reads_in_place():
     q, k, v = _inputs()
     nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]

@@ -4,10 +4,16 @@ transposed (its tokens padded with zeros to a multiple of 16).
 
 Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (conventions.md rule 1):
 IEEE-exact divisions (``div_rn``), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
-The token reductions (K mean, V channel amax) run as torch reductions; the element-wise work is one
-Triton pass over each of Q, K and V.
+Two passes over each of Q, K and V: the token reductions (K's channel sum, min and max, Q's and V's
+channel ranges) as per-chunk partials (:func:`_chan_stats`, one launch per tensor) that one small kernel
+turns into the K mean, the channel factors and V's scales (:func:`_stats_finalize`); then the element-wise
+quantization (one launch per tensor). Seven launches in all, where torch's reductions over the token axis
+of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time (H200 run 20: an
+``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import triton
@@ -89,13 +95,162 @@ def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexp
              mask=(rn[:, None] < NP) & (rd[None, :] < D))
 
 
+STATS_CHUNK = 512  # tokens per program of :func:`_chan_stats`: a function of N alone, so the K mean's
+# summation order (and so its bits) is the same in every call on a shape (k_mean == quantize's mean)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: tl.constexpr,
+                DO_RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Per-channel partials over CHUNK tokens of a strided (B, H, N, D) tensor, one program per (chunk,
+    batch·head): the fp32 sum (DO_SUM) and the min and max (DO_RANGE; NaN-propagating, as torch's), each
+    stored at ``[bh, chunk, :]`` of a (B·H, NSPLIT, D) fp32 buffer."""
+    sp = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rd = tl.arange(0, BLOCK_D)
+    md = rd < D
+    base = X + b * sxb + h * sxh
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    lo = tl.full((BLOCK_D,), float("inf"), tl.float32)
+    hi = tl.full((BLOCK_D,), float("-inf"), tl.float32)
+    for i in range(0, CHUNK, BLOCK_N):
+        rn = sp * CHUNK + i + tl.arange(0, BLOCK_N)
+        m = (rn[:, None] < N) & md[None, :]
+        x = tl.load(base + rn[:, None] * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
+        if DO_SUM:
+            acc += tl.sum(x, axis=0)
+        if DO_RANGE:
+            lo = _min_nan(lo, tl.reduce(tl.where(m, x, float("inf")), 0, _min_nan))
+            hi = _max_nan(hi, tl.reduce(tl.where(m, x, float("-inf")), 0, _max_nan))
+    out = (bh * NSPLIT + sp) * D + rd
+    if DO_SUM:
+        tl.store(SUM + out, acc, mask=md)
+    if DO_RANGE:
+        tl.store(MIN + out, lo, mask=md)
+        tl.store(MAX + out, hi, mask=md)
+
+
+@triton.jit
+def _split_range(MIN, MAX, row0, nsplit, rd, m, D):
+    """min and max over ``nsplit`` partial rows starting at row ``row0`` (NaN-propagating)."""
+    lo = tl.load(MIN + row0 * D + rd, mask=m, other=0.0)
+    hi = tl.load(MAX + row0 * D + rd, mask=m, other=0.0)
+    for sp in range(1, nsplit):
+        lo = _min_nan(lo, tl.load(MIN + (row0 + sp) * D + rd, mask=m, other=0.0))
+        hi = _max_nan(hi, tl.load(MAX + (row0 + sp) * D + rd, mask=m, other=0.0))
+    return lo, hi
+
+
+@triton.jit
+def _stats_finalize(QMIN, QMAX, KSUM, KMIN, KMAX, VMIN, VMAX, MEAN, S, VS, G, SQ, SK, NK, D,
+                    MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
+    query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
+    when MEAN_GIVEN, else written there), the channel factors s = sqrt(ak / aq) (RESCALE; aq = max |q|
+    over the G query heads, ak = max |k - mean| = max(kmax - mean, mean - kmin), exact since x -> x -
+    mean is monotone; 1 where either is 0 or not finite, NaN included, as
+    :func:`sage_compile.reference.quant.channel_balance`) and V's scales amax / 448 (DO_V), all with IEEE
+    division and square root: the reference's bits given the mean."""
+    bhk = tl.program_id(0)
+    rd = tl.arange(0, BLOCK_D)
+    m = rd < D
+    if MEAN_GIVEN:
+        mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
+    else:
+        tot = tl.zeros((BLOCK_D,), tl.float32)
+        for sp in range(0, SK):
+            tot += tl.load(KSUM + (bhk * SK + sp) * D + rd, mask=m, other=0.0)
+        mu = tl.math.div_rn(tot, tl.full((BLOCK_D,), NK, tl.float32))
+        tl.store(MEAN + bhk * D + rd, mu, mask=m)
+    if RESCALE:
+        aq = tl.zeros((BLOCK_D,), tl.float32)
+        for g in range(0, G):
+            qmin, qmax = _split_range(QMIN, QMAX, (bhk * G + g) * SQ, SQ, rd, m, D)
+            aq = _max_nan(aq, _max_nan(qmax, -qmin))
+        kmin, kmax = _split_range(KMIN, KMAX, bhk * SK, SK, rd, m, D)
+        ak = _max_nan(kmax - mu, mu - kmin)
+        inf = float("inf")
+        ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
+        s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
+        tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
+    if DO_V:
+        vmin, vmax = _split_range(VMIN, VMAX, bhk * SK, SK, rd, m, D)
+        amax = tl.abs(_max_nan(vmax, -vmin))  # = max |v| exactly (abs: a column of -0.0 gives +0.0)
+        tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
+    """Per-chunk channel partials of ``x_hnd`` (B, H, N, D), any strides: ``(sum, min, max, nsplit)``,
+    each (B·H, nsplit, D) fp32 or None (:func:`_chan_stats`)."""
+    b, h, n, d = x_hnd.shape
+    nsplit = max(1, triton.cdiv(n, STATS_CHUNK))
+    e = lambda: torch.empty((b * h, nsplit, d), dtype=torch.float32, device=x_hnd.device)  # noqa: E731
+    sm = e() if do_sum else None
+    lo, hi = (e(), e()) if do_range else (None, None)
+    any_buf = next(t for t in (sm, lo) if t is not None)
+    block_d = _block_d(d)
+    _chan_stats[(nsplit, b * h)](x_hnd, sm if do_sum else any_buf, lo if do_range else any_buf,
+                                 hi if do_range else any_buf, *x_hnd.stride(), h, n, d, nsplit, DO_SUM=do_sum,
+                                 DO_RANGE=do_range, CHUNK=STATS_CHUNK, BLOCK_N=max(1, min(128, 8192 // block_d)),
+                                 BLOCK_D=block_d)
+    return sm, lo, hi, nsplit
+
+
+def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optional[torch.Tensor],
+                mean: Optional[torch.Tensor] = None):
+    """The prologue's token reductions in two steps (:func:`chan_stats` over each given tensor, then one
+    :func:`_stats_finalize`): ``(mean (B, Hkv, D), s (B, Hkv, D) or None, v scales (B, Hkv, D) or None)``,
+    fp32. ``q_hnd`` given: the channel factors of (Q, K - mean); ``v_hnd`` given: V's FP8 scales;
+    ``mean`` given (B, Hkv, D): used instead of K's own (then K's sum is not taken)."""
+    b, hkv, nk, d = k_hnd.shape
+    rescale, do_v = q_hnd is not None, v_hnd is not None
+    ksum = kmin = kmax = None
+    sk = 1
+    if mean is None or rescale:
+        ksum, kmin, kmax, sk = chan_stats(k_hnd, mean is None, rescale)
+    qmin = qmax = vmin = vmax = None
+    sq = 1
+    if rescale:
+        _, qmin, qmax, sq = chan_stats(q_hnd, False, True)
+    if do_v:
+        _, vmin, vmax, _ = chan_stats(v_hnd, False, True)
+    dev = k_hnd.device
+    mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
+    s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
+    vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
+    f = mean_out  # any fp32 buffer for the pointers a call does not read
+    g = q_hnd.shape[1] // hkv if rescale else 1
+    _stats_finalize[(b * hkv,)](qmin if rescale else f, qmax if rescale else f, ksum if mean is None else f,
+                                kmin if rescale else f, kmax if rescale else f, vmin if do_v else f,
+                                vmax if do_v else f, mean_out, s if rescale else f, vs if do_v else f, g, sq, sk,
+                                nk, d, MEAN_GIVEN=mean is not None, RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
+    return mean_out, s, vs
+
+
 def _grid_rows(n, bh, block):
     return (triton.cdiv(n, block), bh)
 
 
 def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
-    """fp32 token mean of K per (batch, head): ``(B, H, D)``."""
-    return k_hnd.mean(dim=-2, dtype=torch.float32)
+    """fp32 token mean of K per (batch, head): ``(B, H, D)`` (:func:`token_stats`' mean: the same bits as
+    the one :func:`quantize` smooths with)."""
+    return token_stats(None, k_hnd, None)[0]
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
@@ -107,7 +262,7 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     b, h, n, d = x_hnd.shape
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = _block_d(d)
     block_n = K_GROUP_TILE if k_groups else max(1, min(64, 8192 // block_d))
     group = h // channel.shape[1] if channel is not None else 1
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
@@ -118,57 +273,20 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     return y, s
 
 
-@triton.jit
-def _channel_factors(QMIN, QMAX, KMIN, KMAX, MEAN, S, G, D, BLOCK_D: tl.constexpr):
-    """One program per (batch, kv head): s = sqrt(ak / aq) per channel, aq = max |q| over the G query
-    heads' token ranges, ak = max |k - mean| = max(kmax - mean, mean - kmin) (exact: x -> x - mean is
-    monotone); 1 where either is 0 or not finite. NaN propagates as in torch (then s = 1); IEEE division
-    and square root, so the factors are the reference's bits."""
-    bhk = tl.program_id(0)
-    rd = tl.arange(0, BLOCK_D)
-    m = rd < D
-    aq = tl.zeros((BLOCK_D,), tl.float32)
-    for g in range(0, G):
-        row = (bhk * G + g) * D + rd
-        qmax = tl.load(QMAX + row, mask=m, other=0.0).to(tl.float32)
-        qmin = tl.load(QMIN + row, mask=m, other=0.0).to(tl.float32)
-        aq = tl.maximum(aq, tl.maximum(qmax, -qmin, propagate_nan=tl.PropagateNan.ALL),
-                        propagate_nan=tl.PropagateNan.ALL)
-    mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
-    kmax = tl.load(KMAX + bhk * D + rd, mask=m, other=0.0).to(tl.float32)
-    kmin = tl.load(KMIN + bhk * D + rd, mask=m, other=0.0).to(tl.float32)
-    ak = tl.maximum(kmax - mu, mu - kmin, propagate_nan=tl.PropagateNan.ALL)
-    inf = float("inf")
-    ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
-    s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
-    tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
-
-
 def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """:func:`sage_compile.reference.quant.channel_balance` of (Q, K - mean) without materialising either:
-    the channel ranges come from min/max reductions (two torch launches) and one small Triton kernel
-    turns them into the factors (it replaced ~20 element-wise torch launches: host time at small shapes).
-    ``mean``: (B, Hkv, D) fp32, contiguous. Returns (B, Hkv, D) fp32."""
-    b, hq, _, d = q_hnd.shape
-    hkv = k_hnd.shape[1]
-    qmin, qmax = torch.aminmax(q_hnd, dim=-2)
-    kmin, kmax = torch.aminmax(k_hnd, dim=-2)
-    s = torch.empty((b, hkv, d), dtype=torch.float32, device=q_hnd.device)
-    _channel_factors[(b * hkv,)](qmin.contiguous(), qmax.contiguous(), kmin.contiguous(), kmax.contiguous(),
-                                 mean.contiguous(), s, hq // hkv, d, BLOCK_D=max(16, triton.next_power_of_2(d)))
-    return s
+    """:func:`sage_compile.reference.quant.channel_balance` of (Q, K - mean) without materialising either
+    (:func:`token_stats` with the given mean). ``mean``: (B, Hkv, D) fp32. Returns (B, Hkv, D) fp32."""
+    return token_stats(q_hnd, k_hnd, None, mean=mean)[1]
 
 
-def quant_v_fp8(v_hnd: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
-    """Per-channel FP8 of V (B, H, N, D) -> (float8_e4m3fn (B,H,D,Np), fp32 scales (B,H,D)); Np = N
-    rounded up to ``key_multiple``, zeros past N (:func:`sage_compile.reference.quant.quant_fp8_v`)."""
+def quant_v_fp8(v_hnd: torch.Tensor, scale: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
+    """Per-channel FP8 of V (B, H, N, D) given its scales (B, H, D) fp32 (:func:`token_stats`) -> (float8_e4m3fn
+    (B,H,D,Np), the scales); Np = N rounded up to ``key_multiple``, zeros past N
+    (:func:`sage_compile.reference.quant.quant_fp8_v`)."""
     b, h, n, d = v_hnd.shape
     npad = n + (-n) % key_multiple
-    vmin, vmax = torch.aminmax(v_hnd, dim=-2)  # = |V|'s amax (exactly) without writing |V|
-    amax = torch.maximum(vmax, -vmin).abs().float()  # (abs: a column of -0.0 gives +0.0, as |V| would)
-    scale = (amax / torch.full_like(amax, 448.0)).contiguous()  # IEEE division (see reference.quant)
     y = torch.empty((b, h, d, npad), dtype=torch.float8_e4m3fn, device=v_hnd.device)
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = _block_d(d)
     block_n = max(1, min(64, 8192 // block_d))
     _quant_v_fp8[_grid_rows(npad, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, npad, d,
                                                    BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
@@ -178,16 +296,11 @@ def quant_v_fp8(v_hnd: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
-    With ``channel_rescale`` the Q/K channel balance factors come from one min/max reduction over Q and
-    K (:func:`channel_scales`) and are applied inside the same INT8 pass (Q·s, (K - mean)/s)."""
+    The token reductions of Q, K and V in one :func:`token_stats` (the K mean, with ``channel_rescale``
+    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    mean = k_mean(k).contiguous()
-    if channel_rescale:
-        s = channel_scales(q, k, mean)
-        q8, qs = quant_rows_int8(q, None, s, 1)
-        k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True)
-    else:
-        q8, qs = quant_rows_int8(q)
-        k8, ks = quant_rows_int8(k, mean, k_groups=True)
-    v8, vs = quant_v_fp8(v)
+    mean, s, vs = token_stats(q if channel_rescale else None, k, v)
+    q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
+    k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True) if channel_rescale else quant_rows_int8(k, mean, k_groups=True)
+    v8, vs = quant_v_fp8(v, vs)
     return q8, qs, k8, ks, v8, vs

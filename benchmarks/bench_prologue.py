@@ -1,0 +1,94 @@
+"""The ``int8_fp8`` prologue op (``prologue="op"``: :func:`sage_compile.kernels.int8_fp8.quantize.quantize`)
+timed against other versions of it in one process, on the q/k/v that diffusers hands attention (views of
+(B, N, H, D) projections, channel balancing on, the default):
+
+    git show <sha>:sage_compile/kernels/int8_fp8/quantize.py > sage_compile/kernels/int8_fp8/_ab_quant_base.py
+    python benchmarks/bench_prologue.py --out benchmarks/results/prologue_<run>.json
+
+(the copy is a scratch file: delete it afterwards). Per shape and variant: GPU ms (``do_bench`` median,
+variants interleaved), host ms per call (the Python side: launches, allocations; mean over 50 calls
+issued back to back), and how many quantized values differ from the first variant's (the K mean may
+differ by summation order between versions, which moves a few K values by one step; Q and V must not).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import importlib
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit, write_records  # noqa: E402
+
+SHAPES = {  # model: (heads, head dim, extra text tokens)
+    "cogvideox": (30, 64, 226),
+    "flux": (24, 128, 512),
+}
+
+
+def _mods():
+    import sage_compile.kernels.int8_fp8 as pkg
+
+    here = os.path.dirname(pkg.__file__)
+    mods = {os.path.basename(f)[10:-3]: importlib.import_module(f"sage_compile.kernels.int8_fp8.{os.path.basename(f)[:-3]}")
+            for f in sorted(glob.glob(os.path.join(here, "_ab_quant_*.py")))}
+    mods["new"] = importlib.import_module("sage_compile.kernels.int8_fp8.quantize")
+    return mods
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="cogvideox,flux")
+    ap.add_argument("--n", default="4096,16384")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/prologue.json")
+    a = ap.parse_args()
+    import triton
+
+    mods = _mods()
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
+                kernel="sage_int8_fp8", inputs="gaussian", batch=1)
+    recs = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for model in a.models.split(","):
+        h, d, txt = SHAPES[model]
+        for n in (int(x) for x in a.n.split(",")):
+            nt = n + txt
+            q, k, v = (torch.randn(1, nt, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                       for _ in range(3))
+            fns = {name: (lambda m=m: m.quantize(q, k, v, "HND", True)) for name, m in mods.items()}
+            outs = {name: f() for name, f in fns.items()}
+            ms = {name: [] for name in fns}
+            for _ in range(a.reps):
+                for name, f in fns.items():
+                    ms[name].append(triton.testing.do_bench(f, warmup=25, rep=200))
+            first = next(iter(outs))
+            for name, f in fns.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    f()
+                host = (time.perf_counter() - t0) / 50 * 1e3
+                torch.cuda.synchronize()
+                gpu = sorted(ms[name])[len(ms[name]) // 2]
+                diff = {lbl: int((x.view(torch.uint8) != y.view(torch.uint8)).sum()) if x.element_size() == 1
+                        else int((x != y).sum()) for lbl, x, y in zip(("q8", "qs", "k8", "ks", "v8", "vs"),
+                                                                     outs[name], outs[first])}
+                print(f"{model:9s} N={nt:6d} {name:8s} gpu {gpu:7.4f} ms  host {host:6.3f} ms  "
+                      f"differs from {first}: {diff}", flush=True)
+                base = dict(meta, model=model, variant=name, heads=h, head_dim=d, seq_len=nt)
+                recs += [dict(base, metric="ms", value=gpu, note="GPU time of the prologue op (do_bench median)"),
+                         dict(base, metric="host_ms", value=host, note="host time per call, 50 calls back to back"),
+                         dict(base, metric="values_differing", value=sum(diff.values()), note=f"vs {first}: {diff}")]
+    write_records(a.out, recs)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
