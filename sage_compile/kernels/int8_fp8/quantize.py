@@ -122,24 +122,26 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
     rd = tl.arange(0, BLOCK_D)
     md = rd < D
     base = X + b * sxb + h * sxh
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    lo = tl.full((BLOCK_D,), float("inf"), tl.float32)
-    hi = tl.full((BLOCK_D,), float("-inf"), tl.float32)
+    # element-wise accumulators over the chunk's tiles, reduced across tokens once at the end (a reduction
+    # per tile was 2.5-3.5x slower than the bandwidth allows: H200 run 48)
+    acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
+    lo = tl.full((BLOCK_N, BLOCK_D), float("inf"), tl.float32)
+    hi = tl.full((BLOCK_N, BLOCK_D), float("-inf"), tl.float32)
     for i in range(0, CHUNK, BLOCK_N):
         rn = sp * CHUNK + i + tl.arange(0, BLOCK_N)
         m = (rn[:, None] < N) & md[None, :]
         x = tl.load(base + rn[:, None] * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
         if DO_SUM:
-            acc += tl.sum(x, axis=0)
+            acc += x
         if DO_RANGE:
-            lo = _min_nan(lo, tl.reduce(tl.where(m, x, float("inf")), 0, _min_nan))
-            hi = _max_nan(hi, tl.reduce(tl.where(m, x, float("-inf")), 0, _max_nan))
+            lo = _min_nan(lo, tl.where(m, x, float("inf")))
+            hi = _max_nan(hi, tl.where(m, x, float("-inf")))
     out = (bh * NSPLIT + sp) * D + rd
     if DO_SUM:
-        tl.store(SUM + out, acc, mask=md)
+        tl.store(SUM + out, tl.sum(acc, axis=0), mask=md)
     if DO_RANGE:
-        tl.store(MIN + out, lo, mask=md)
-        tl.store(MAX + out, hi, mask=md)
+        tl.store(MIN + out, tl.reduce(lo, 0, _min_nan), mask=md)
+        tl.store(MAX + out, tl.reduce(hi, 0, _max_nan), mask=md)
 
 
 @triton.jit
@@ -207,7 +209,7 @@ def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
     block_d = _block_d(d)
     _chan_stats[(nsplit, b * h)](x_hnd, sm if do_sum else any_buf, lo if do_range else any_buf,
                                  hi if do_range else any_buf, *x_hnd.stride(), h, n, d, nsplit, DO_SUM=do_sum,
-                                 DO_RANGE=do_range, CHUNK=STATS_CHUNK, BLOCK_N=max(1, min(128, 8192 // block_d)),
+                                 DO_RANGE=do_range, CHUNK=STATS_CHUNK, BLOCK_N=max(1, min(64, 2048 // block_d)),
                                  BLOCK_D=block_d)
     return sm, lo, hi, nsplit
 
