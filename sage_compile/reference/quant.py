@@ -274,10 +274,14 @@ def round_e2m1(y: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_codes(r: torch.Tensor) -> torch.Tensor:
-    """Map exact E2M1 values (output of :func:`round_e2m1`) to 4-bit codes (uint8): sign in bit 3."""
+    """Map exact E2M1 values (output of :func:`round_e2m1`) to 4-bit codes (uint8): sign in bit 3.
+
+    The sign is read from the fp32 bits (negative as int32 = sign bit set, -0.0 included: ``torch.signbit``'s
+    answer); Inductor's C++ code for ``signbit`` (a scalar loop over a vector) crashed GCC 12 (internal compiler
+    error in ``extract_insn``) on an AVX2 machine."""
     a = r.abs()
     mag = torch.where(a < 2, a * 2, torch.where(a < 4, a + 2, a / 2 + 4)).to(torch.uint8)
-    return mag | (torch.signbit(r).to(torch.uint8) << 3)
+    return mag | ((r.float().view(torch.int32) < 0).to(torch.uint8) << 3)
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
