@@ -11,13 +11,16 @@ import json
 
 
 def load(path: str) -> tuple[str, dict]:
-    """(model, {variant: {metric: value}}) of one results file (cos = the one vs eager)."""
+    """(model, {variant: {metric: value}}) of one results file (cos = the one vs the run's first variant:
+    eager where it ran, else the compiled baseline; its name under ``"ref"``)."""
     rows = json.load(open(path))
     out: dict = {}
     for r in rows:
         note = r.get("note") or ""
-        if r["metric"] == "cos" and not note.startswith("vs eager"):
-            continue
+        if r["metric"] == "cos":
+            if not (note.startswith("vs eager") or ";" in note):
+                continue  # the extra 'vs inductor' record of the sage variants
+            out.setdefault("ref", note[3:].split(";")[0])
         if r["metric"] == "ms" and "Amdahl" in note:
             out.setdefault(r["kernel"], {})["amdahl_ms"] = r["value"]
             continue
@@ -38,6 +41,7 @@ def main():
     fig, axes = plt.subplots(1, len(a.files), figsize=(6.5 * len(a.files), 4.6), squeeze=False)
     for ax, path in zip(axes[0], a.files):
         model, res = load(path)
+        ref = res.pop("ref", "eager")
         names = list(res)
         base = res.get("inductor_cudnn") or res.get("inductor")
         ms = [res[n]["ms"] for n in names]
@@ -48,14 +52,15 @@ def main():
         ax.bar(x, [m - t for m, t in zip(ms, attn)], bottom=attn, color="#7f7f7f", label="rest of the step")
         for i, n in enumerate(names):
             r = res[n]
-            label = f"{base['ms'] / r['ms']:.2f}x\ncos {r['cos']:.4f}" if base else f"cos {r['cos']:.4f}"
+            label = f"{base['ms'] / r['ms']:.2f}x\ncos {r['cos']:.5f}" if base else f"cos {r['cos']:.5f}"
             ax.text(i, r["ms"] * 1.01, label, ha="center", va="bottom", fontsize=8)
             if "amdahl_ms" in r:
                 ax.plot([i - 0.4, i + 0.4], [r["amdahl_ms"]] * 2, "k--", lw=1)
         ax.set_xticks(list(x), [n.replace("sage_", "sage\n") for n in names], fontsize=8)
         ax.set_ylabel("ms per denoising step")
         ax.set_ylim(0, max(ms) * 1.25)
-        ax.set_title(f"{model}: one step, H200, bf16 (x = speed-up vs Inductor+cuDNN; -- Amdahl)", fontsize=9)
+        ax.set_title(f"{model}: one step, H200, bf16\n(x = speed-up vs Inductor+cuDNN; cos vs {ref}; -- Amdahl)",
+                     fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(a.out, dpi=120)

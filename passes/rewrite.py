@@ -60,16 +60,17 @@ def graph_prologue_functions() -> list:
     return [_reference_prologue(s) for s in GRAPH_PROLOGUE_SCHEMES]
 
 
-def _prologue(scheme: str, options, device_type: str):
-    """The prologue a site calls: the custom op (``options.prologue == "op"``), or the reference's torch
-    code (``"graph"``, on the device types :func:`sage_compile.policy.graph_prologue` allows), which
-    AOTAutograd traces into ATen ops that Inductor fuses with q/k/v's producers."""
-    from sage_compile.policy import graph_prologue
+def _prologue(scheme: str, options, device_type: str, choice=None):
+    """The prologue a site calls: the custom op, or the reference's torch code (``graph``), which
+    AOTAutograd traces into ATen ops that Inductor fuses with q/k/v's producers. ``choice`` (``graph`` |
+    ``op``): the policy's decision for the site; without it, ``options.prologue`` as the policy reads it
+    for a site of unknown size (:func:`sage_compile.policy.prologue_for`)."""
+    from sage_compile.policy import prologue_for
 
-    if graph_prologue(options, device_type):
+    if choice is None:
+        choice = prologue_for(None, options, scheme, device_type)
+    if choice == "graph":
         return _reference_prologue(scheme)
-    if options.prologue not in ("op", "graph"):
-        raise ValueError(f"sage_compile: prologue must be 'op' or 'graph', got {options.prologue!r}")
     return getattr(torch.ops.sage_compile, f"quantize_{scheme}").default
 
 
@@ -109,19 +110,20 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 out = emit("call_function", ops.attention.default,
                            (q, k, v, mask, site.causal, scale, site.layout, dec.scheme, options.encode()))
             elif dec.scheme == "int8_fp8":
-                qt = emit("call_function", _prologue("int8_fp8", options, site.device_type),
+                qt = emit("call_function", _prologue("int8_fp8", options, site.device_type, dec.prologue),
                           (q, k, v, site.layout, options.int8_channel_rescale))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
                 out = emit("call_function", ops.attention_int8_fp8.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype))
             elif dec.scheme == "int8_fp16":
-                qt = emit("call_function", _prologue("int8_fp16", options, site.device_type), (q, k, v, site.layout))
+                qt = emit("call_function", _prologue("int8_fp16", options, site.device_type, dec.prologue),
+                          (q, k, v, site.layout))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(5)]
                 out = emit("call_function", ops.attention_int8_fp16.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype))
             elif dec.scheme == "fp4":
                 o = options
-                qt = emit("call_function", _prologue("fp4", options, site.device_type),
+                qt = emit("call_function", _prologue("fp4", options, site.device_type, dec.prologue),
                           (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(8)]
                 out = emit("call_function", ops.attention_fp4.default,

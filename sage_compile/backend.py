@@ -32,6 +32,7 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
                 f"site {s.index} at {s.location}: {d.reason}" for s, d in bad))
     passes.rewrite(gm, sites, decisions, cfg.options)
     graph._sage_compile_done = True
+    graph._sage_compile_graph_prologue = any(d.prologue == "graph" for d in decisions if d.scheme)
     if any(d.scheme == "int8_fp8" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
         _prebuild_cuda_core()
     return debug.record(before, graph.python_code("self").src, sites, decisions, cfg.dump_dir)
@@ -60,15 +61,16 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
         explicit.setdefault(key[len("sage_"):], options.pop(key))
     cfg = _config.resolve(**explicit)
     rewrite_graph(gm, cfg)
+    graph_prologue = gm.graph._sage_compile_graph_prologue  # a site got the prologue as graph ops
     patches = dict(torch._inductor.list_mode_options(mode)) if mode else {}
-    if cfg.options.prologue == "graph":
+    if graph_prologue:
         patches.update(_compat.graph_prologue_inductor_patches())
     # always: the package hash then joins every cache key of a graph we rewrote (our ops' fakes included)
     from .passes.rewrite import graph_prologue_functions
 
     patches.update(_compat.aot_cache_patches(graph_prologue_functions()))
     patches.update(options)
-    with _compat.graph_prologue_choices() if cfg.options.prologue == "graph" else contextlib.nullcontext():
+    with _compat.graph_prologue_choices() if graph_prologue else contextlib.nullcontext():
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return _guard_config(compiled, cfg.fingerprint(), explicit)
 

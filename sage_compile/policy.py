@@ -23,11 +23,56 @@ IMPLEMENTED = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 # CogVideoX's attention came out wrong, benchmarks/diag_graph_prologue.py). The quantizers' divisions are
 # exact without an Inductor option (fp64, rounded once: sage_compile.reference.quant.div_rn).
 GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
+# prologue="auto" (the default) gives these schemes' CUDA sites the prologue op when the attention is large,
+# B·Hq·Nq·Nk·D >= OP_PROLOGUE_MIN_WORK (static sizes, or their hints), and the graph prologue below. H200,
+# int8_fp8, runs 49-51 (benchmarks/results/e2e_{cogvideox,flux}_run5[01]_*, block_h200_run49_*): with the
+# op's fused channel statistics the op beats the graph prologue at both real models, CogVideoX-2B (17,776
+# tokens: work 6.1e11) 222.8 vs 225.6 ms a step, first compile 44.5 vs 83.7 s (Inductor + cuDNN: 260.8 ms,
+# 50.3 s), and Flux-dev (4,608 tokens: 6.5e10) 132.8 vs 135.7 ms, 74.8 vs 219.9 s (cuDNN 129.3 ms, 84.2 s);
+# its kernels take less GPU time in a lone block at 4K and 16K tokens (CogVideoX 16K: 0.28 vs 0.41 ms), but
+# ~0.3 ms of host time per call, which a small attention cannot hide (a lone CogVideoX block at 4K: 1.32 vs
+# 0.89 ms wall), so small sites keep the graph prologue. Other schemes keep the graph prologue (not measured).
+OP_PROLOGUE_MIN_WORK = 2 ** 34
+OP_PROLOGUE_SCHEMES = ("int8_fp8",)
 
 
 def graph_prologue(options, device_type: str) -> bool:
-    """Whether a site on ``device_type`` gets its prologue as graph ops (else the prologue op)."""
-    return options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES
+    """Whether sites on ``device_type`` may get their prologue as graph ops (``prologue`` ``graph`` or
+    ``auto``; else, or on another device type, the prologue op)."""
+    return options.prologue in ("graph", "auto") and device_type in GRAPH_PROLOGUE_DEVICES
+
+
+def _hint(n) -> Optional[int]:
+    """A size as an int without guarding on it (a symbolic size's hint; None where it has none)."""
+    if isinstance(n, torch.SymInt):
+        return n.node.hint if hasattr(n.node, "hint") else None
+    return int(n)
+
+
+def attention_work(site) -> Optional[int]:
+    """B·Hq·Nq·Nk·D of ``site`` (size hints for symbolic sizes), None where a size (or the site) is unknown."""
+    if site is None:
+        return None
+    qs, ks = site.q_shape, site.k_shape
+    if qs is None or ks is None:
+        return None
+    sizes = [_hint(x) for x in (*qs, ks[2])]
+    if any(x is None for x in sizes):
+        return None
+    b, h, nq, d, nk = sizes
+    return b * h * nq * nk * d
+
+
+def prologue_for(site, options, scheme: str, device_type: str) -> str:
+    """``graph`` or ``op``: how ``site``'s prologue is emitted under ``options.prologue`` (see
+    :data:`OP_PROLOGUE_MIN_WORK` for ``auto``)."""
+    if not graph_prologue(options, device_type):
+        return "op"
+    if options.prologue == "auto" and device_type == "cuda" and scheme in OP_PROLOGUE_SCHEMES:
+        work = attention_work(site)
+        if work is not None and work >= OP_PROLOGUE_MIN_WORK:
+            return "op"
+    return "graph"
 
 
 @dataclasses.dataclass
@@ -36,6 +81,7 @@ class Decision:
     reason: str
     notes: tuple = ()
     fallback: bool = False  # kept because unsupported (strict mode raises on these)
+    prologue: Optional[str] = None  # graph | op: how a replaced site's quantization prologue is emitted
 
     @property
     def replaced(self) -> bool:
@@ -94,8 +140,15 @@ def decide(site, config, device_type: str) -> Decision:
     if scheme == "exact":
         return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
     notes = []
-    if config.options.prologue == "graph" and scheme != "int8_train" and not graph_prologue(config.options, device_type):
-        notes.append(f"prologue='graph' is not used on {device_type} (not validated there): prologue op")
+    prologue = None
+    if scheme != "int8_train" and not config.options.switchable:
+        prologue = prologue_for(site, config.options, scheme, device_type)
+        if config.options.prologue != "op" and not graph_prologue(config.options, device_type):
+            notes.append(f"prologue='{config.options.prologue}' gives no graph prologue on {device_type} (not "
+                         "validated there): prologue op")
+        elif config.options.prologue == "auto" and prologue == "op":
+            notes.append(f"prologue op (auto: B·H·Nq·Nk·D = {attention_work(site):.3g} >= 2^34, where the op's "
+                         "kernels are faster than the graph prologue and its host time is hidden)")
     if scheme == "fp4" and site.head_dim % 16:
         notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
     if device_type != "cpu":
@@ -104,4 +157,4 @@ def decide(site, config, device_type: str) -> Decision:
         if not ops.has_fast_impl(scheme, device_type):
             notes.append(f"no {scheme} kernel on {device_type}: the pure-PyTorch reference runs (same numerics, "
                          "O(N²) work in many small ops: far slower than SDPA at long sequences)")
-    return Decision(scheme, why, tuple(notes))
+    return Decision(scheme, why, tuple(notes), prologue=prologue)
