@@ -147,8 +147,9 @@ def decide(site, config, device_type: str) -> Decision:
             notes.append(f"prologue='{config.options.prologue}' gives no graph prologue on {device_type} (not "
                          "validated there): prologue op")
         elif config.options.prologue == "auto" and prologue == "op":
-            notes.append(f"prologue op (auto: B·H·Nq·Nk·D = {attention_work(site):.3g} >= 2^34, where the op's "
-                         "kernels are faster than the graph prologue and its host time is hidden)")
+            notes.append(f"prologue op (auto: B·H·Nq·Nk·D = {attention_work(site):.3g} >= "
+                         f"{OP_PROLOGUE_MIN_WORK:.3g}, where the op's kernels are faster than the graph prologue "
+                         "and its host time is hidden)")
     if scheme == "fp4" and site.head_dim % 16:
         notes.append(f"head_dim {site.head_dim} padded to {site.head_dim + (-site.head_dim) % 16} for fp4")
     if device_type != "cpu":

@@ -197,6 +197,11 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
+def _or(t: Optional[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
+    """``t``, or ``buf`` for a pointer argument the kernel does not read (its constexpr flag is off)."""
+    return buf if t is None else t
+
+
 def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
     """Per-chunk channel partials of ``x_hnd`` (B, H, N, D), any strides: ``(sum, min, max, nsplit)``,
     each (B·H, nsplit, D) fp32 or None (:func:`_chan_stats`)."""
@@ -207,10 +212,9 @@ def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
     lo, hi = (e(), e()) if do_range else (None, None)
     any_buf = next(t for t in (sm, lo) if t is not None)
     block_d = _block_d(d)
-    _chan_stats[(nsplit, b * h)](x_hnd, sm if do_sum else any_buf, lo if do_range else any_buf,
-                                 hi if do_range else any_buf, *x_hnd.stride(), h, n, d, nsplit, DO_SUM=do_sum,
-                                 DO_RANGE=do_range, CHUNK=STATS_CHUNK, BLOCK_N=max(1, min(64, 2048 // block_d)),
-                                 BLOCK_D=block_d)
+    _chan_stats[(nsplit, b * h)](x_hnd, *(_or(t, any_buf) for t in (sm, lo, hi)), *x_hnd.stride(), h, n, d,
+                                 nsplit, DO_SUM=do_sum, DO_RANGE=do_range, CHUNK=STATS_CHUNK,
+                                 BLOCK_N=max(1, min(64, 2048 // block_d)), BLOCK_D=block_d)
     return sm, lo, hi, nsplit
 
 
@@ -236,12 +240,10 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
     s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
     vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
-    f = mean_out  # any fp32 buffer for the pointers a call does not read
     g = q_hnd.shape[1] // hkv if rescale else 1
-    _stats_finalize[(b * hkv,)](qmin if rescale else f, qmax if rescale else f, ksum if mean is None else f,
-                                kmin if rescale else f, kmax if rescale else f, vmin if do_v else f,
-                                vmax if do_v else f, mean_out, s if rescale else f, vs if do_v else f, g, sq, sk,
-                                nk, d, MEAN_GIVEN=mean is not None, RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
+    _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qmin, qmax, ksum, kmin, kmax, vmin, vmax)), mean_out,
+                                _or(s, mean_out), _or(vs, mean_out), g, sq, sk, nk, d, MEAN_GIVEN=mean is not None,
+                                RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
     return mean_out, s, vs
 
 
