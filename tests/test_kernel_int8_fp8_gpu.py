@@ -53,6 +53,28 @@ def test_prologue_bit_identical_on_gpu(d):
         assert not bad.any(), f"{name}: {int(bad.sum())} of {a.numel()} differ, e.g. {a[bad][:5].tolist()} vs {b[bad][:5].tolist()}"
 
 
+def test_prologue_bit_identical_on_both_division_paths_on_gpu():
+    """Tiles with every divisor in div_by's range divide through reciprocals (FMA on the GPU), the others
+    (a tiny row, an infinite value, a NaN key) with IEEE divisions: the CPU reference's bits either way,
+    -0.0 in V included; NaN scales where the reference's are."""
+    KQ, _ = _kernels()
+    from sage_compile.reference import quant as Q
+
+    q, k, v = (t.bfloat16() for t in _sets(128, n=1000)["outlier"])
+    q[0, 1, 140] *= 1e-22
+    q[0, 2, 7, 3] = float("inf")
+    k[0, 1, 600, 5] = float("nan")
+    v[0, 0, 3:9, 1] = -0.0
+    got = [t.cpu() for t in KQ.quantize(q.cuda(), k.cuda(), v.cuda())]
+    mean = KQ.k_mean(k.cuda()).cpu()
+    want = (*Q.quant_int8(q, 1), *Q.quant_int8_k_groups(k.float() - mean[..., None, :]), *Q.quant_fp8_v(v, 16))
+    for name, a, b in zip(("q8", "qs", "k8", "ks", "v8", "vs"), got, want):
+        a, b = bits(a), bits(b)
+        bad = (a != b) & ~(a.isnan() & b.isnan()) if a.is_floating_point() else a != b
+        assert not bad.any(), f"{name}: {int(bad.sum())} of {a.numel()} differ, e.g. {a[bad][:5].tolist()} vs {b[bad][:5].tolist()}"
+    assert int((bits(got[4])[0, 0, 1, 3:9] == 0x80).sum()) == 6
+
+
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
 @pytest.mark.parametrize("inputs", ["gaussian", "outlier"])

@@ -10,6 +10,7 @@ if torch.cuda.is_available():
     pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_int8_fp8_gpu.py)", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"  # read by triton at import and when the kernels are defined
 triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 from sage_compile.kernels.int8_fp8 import attention as KA  # noqa: E402
 from sage_compile.kernels.int8_fp8 import quantize as KQ  # noqa: E402
@@ -43,6 +44,59 @@ def test_prologue_bit_identical(d):
     v8 = got[4]  # V^T's keys padded to 16 (130 -> 144) with zeros, so the CUDA core needs no copy
     pad = bits(v8[..., 130:])
     assert v8.shape[-1] == 144 and v8.is_contiguous() and torch.equal(pad, torch.zeros_like(pad))
+
+
+def test_prologue_bit_identical_on_both_division_paths():
+    """Tiles whose scales are in div_by's range divide through reciprocals, the others (a row with a
+    scale below 2^-60, an infinite row, a NaN) with IEEE divisions: the reference's bits either way, -0.0
+    in V included (div_by alone would give +0.0)."""
+    q, k, v = _inputs(lq=200, lk=260)
+    q[0, 1, 140] *= 1e-22  # a tiny row: the IEEE path for its tile (rows 128-191)
+    q[0, 2, 7, 3] = float("inf")  # an infinite row: IEEE path, its values 0 / NaN scale -> 0
+    k[0, 1, 200, 5] = float("nan")  # a NaN key: its group's scale is NaN, its values 0
+    v[0, 0, 3:9, 1] = -0.0
+    v[0, 1, 2, 4] = -0.0
+    got = KQ.quantize(q, k, v)
+    mean = KQ.k_mean(k)
+    want = (*Q.quant_int8(q, 1), *Q.quant_int8_k_groups(k.float() - mean[..., None, :]), *Q.quant_fp8_v(v, 16))
+    for a, b in zip(got, want):  # values bit for bit, scales exactly (NaN where the reference's are)
+        torch.testing.assert_close(bits(a), bits(b), rtol=0, atol=0, equal_nan=True)
+    assert int((bits(got[4])[0, 0, 1, 3:9] == 0x80).sum()) == 6  # the -0.0 kept their sign
+    assert torch.isinf(got[1][0, 2, 7]) and torch.isnan(got[3][0, 1, 200])
+
+
+@triton.jit
+def _div_probe(X, S, Y, I8, N, BLOCK: tl.constexpr):
+    from sage_compile.kernels._common import div_by, int8_bits, recip
+
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < N
+    x = tl.load(X + o, mask=m, other=0.0)
+    s = tl.load(S + o, mask=m, other=1.0)
+    r, ns = recip(s)
+    y = div_by(x, r, ns)
+    tl.store(Y + o, y, mask=m)
+    tl.store(I8 + o, int8_bits(y), mask=m)
+
+
+def test_div_by_is_the_ieee_quotient_near_every_tie():
+    """div_by (reciprocal + one Markstein correction) against IEEE division on quotients within a few
+    ulps of every half-integer up to 127 and of random values, divisors over [2^-60, 2^60]; int8_bits
+    against round-half-even (|quotient| <= 127.5 there, as in the quantizers)."""
+    g = torch.Generator().manual_seed(3)
+    n = 1 << 18
+    s = (torch.rand(n, generator=g, dtype=torch.float64) + 1) * torch.exp2(torch.randint(-60, 60, (n,), generator=g).double())
+    s = s.float()
+    half = torch.randint(-127, 127, (n,), generator=g).double() + 0.5
+    jitter = torch.randint(-4, 5, (n,), generator=g).double() * 2.0 ** -23
+    x = torch.where(torch.rand(n, generator=g) < 0.5, half * (1 + jitter) * s.double(),
+                    (torch.rand(n, generator=g, dtype=torch.float64) * 2 - 1) * 127 * s.double()).float()
+    y, i8 = torch.empty_like(x), torch.empty(n, dtype=torch.int8)
+    _div_probe[(triton.cdiv(n, 4096),)](x, s, y, i8, n, BLOCK=4096)
+    want = x / s  # IEEE on the CPU
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32).where(want != 0, 0))  # (+0 for -0)
+    assert torch.equal(i8, torch.round(want).to(torch.int8))
+    assert int((torch.round(want) != torch.round(x.double() * (1 / s.double())).float()).sum()) > 0  # ties were hit
 
 
 def test_prologue_token_stats_over_several_chunks():

@@ -22,7 +22,7 @@ import triton.language as tl
 from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, rne, to_e4m3
+from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, recip, rne, to_e4m3
 
 
 @triton.jit
@@ -44,59 +44,8 @@ def int8_values(x, scale, EMULATE: tl.constexpr):
     """RNE(x / scale) clamped to ±127 as int8 (IEEE division; 0 where the scale is 0; NaN -> 0, the NaN
     stays in the scale). ``scale`` broadcast to x's shape."""
     y = tl.math.div_rn(x, tl.where(scale == 0.0, 1.0, scale))
-    y = tl.where(scale == 0.0, 0.0, y)
-    y = tl.minimum(tl.maximum(rne(y, EMULATE), -127.0), 127.0)
-    return tl.where(y != y, 0.0, y).to(tl.int8)
-
-
-@triton.jit
-def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
-                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
-    s of shape (B, H // GROUP, D)). KGROUP (BLOCK_N = 128, one 128-key tile): the scales tied in the
-    groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
-    group t)."""
-    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
-    if HAS_MEAN:
-        mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
-        x = tl.where(inb, x - mu[None, :], 0.0)
-    if CH_MODE != 0:
-        ch = tl.load(CH + (b * (H // GROUP) + h // GROUP) * D + rd, mask=rd < D, other=1.0)
-        if CH_MODE == 1:
-            x = x * ch[None, :]
-        else:
-            x = tl.math.div_rn(x, tl.broadcast_to(ch[None, :], x.shape))
-    amax = tl.max(tl.abs(x), axis=1)
-    nan = tl.sum((x != x).to(tl.int32), axis=1) > 0
-    if KGROUP:
-        ga = tl.max(tl.max(tl.reshape(amax, (8, 4, 4)), axis=2), axis=0)
-        gn = tl.max(tl.max(tl.reshape(nan.to(tl.int32), (8, 4, 4)), axis=2), axis=0)
-        amax = tl.reshape(tl.broadcast_to(ga[None, :, None], (8, 4, 4)), (BLOCK_N,))
-        nan = tl.reshape(tl.broadcast_to(gn[None, :, None], (8, 4, 4)), (BLOCK_N,)) > 0
-    scale = tl.where(nan, float("nan"), tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)))
-    y = int8_values(x, tl.broadcast_to(scale[:, None], x.shape), EMULATE)
-    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
-    tl.store(S + bh * N + rn, scale, mask=rn < N)
-
-
-@triton.jit
-def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 EMULATE: tl.constexpr):
-    """V / scale as E4M3, stored transposed (B, H, D, NP); tokens N..NP-1 (the padding) are zeros."""
-    v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
-    sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
-    safe = tl.where(sc == 0.0, 1.0, sc)
-    y = tl.math.div_rn(v, tl.broadcast_to(safe[None, :], v.shape))
-    y = tl.where(sc[None, :] == 0.0, 0.0, y)
-    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
-    # transposed store: (B, H, D, NP), tokens contiguous (the K-major operand of the FP8 PV matmul)
-    tl.store(Y + bh * D * NP + rd[None, :] * NP + rn[:, None], to_e4m3(y, EMULATE),
-             mask=(rn[:, None] < NP) & (rd[None, :] < D))
-
-
-STATS_CHUNK = 512  # tokens per program of :func:`_chan_stats`: a function of N alone, so the K mean's
-# summation order (and so its bits) is the same in every call on a shape (k_mean == quantize's mean)
+    y = tl.where((scale == 0.0) | (y != y), 0.0, y)  # (before the clamp: max(NaN, -127) is -127)
+    return tl.minimum(tl.maximum(rne(y, EMULATE), -127.0), 127.0).to(tl.int8)
 
 
 @triton.jit
@@ -107,6 +56,68 @@ def _min_nan(a, b):
 @triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
+                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
+    s of shape (B, H // GROUP, D)). KGROUP (BLOCK_N = 128, one 128-key tile): the scales tied in the
+    groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
+    group t). Divisions through the divisors' reciprocals (:func:`div_by`, exact) unless a divisor of the
+    tile is out of its range (then IEEE divisions: the same bits, slower)."""
+    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    if HAS_MEAN:
+        mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
+        x = tl.where(inb, x - mu[None, :], 0.0)
+    if CH_MODE != 0:
+        ch = tl.load(CH + (b * (H // GROUP) + h // GROUP) * D + rd, mask=rd < D, other=1.0)
+        if CH_MODE == 1:
+            x = x * ch[None, :]
+        else:
+            rc, nch = recip(ch)
+            if tl.min(fast_div_ok(ch)) > 0:
+                x = div_by(x, rc[None, :], nch[None, :])
+            else:
+                x = tl.math.div_rn(x, tl.broadcast_to(ch[None, :], x.shape))
+    amax = tl.reduce(tl.abs(x), 1, _max_nan)  # NaN iff the row holds one (then its scale is NaN)
+    if KGROUP:
+        ga = tl.reduce(tl.reduce(tl.reshape(amax, (8, 4, 4)), 2, _max_nan), 0, _max_nan)
+        amax = tl.reshape(tl.broadcast_to(ga[None, :, None], (8, 4, 4)), (BLOCK_N,))
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    r, ns = recip(scale)
+    if tl.min(fast_div_ok(scale)) > 0:  # (no NaN or inf in the tile: those scales fail the test)
+        y = int8_bits(div_by(x, r[:, None], ns[:, None]))
+    else:
+        y = int8_values(x, tl.broadcast_to(scale[:, None], x.shape), EMULATE)
+    tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
+    tl.store(S + bh * N + rn, scale, mask=rn < N)
+
+
+@triton.jit
+def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                 EMULATE: tl.constexpr):
+    """V / scale as E4M3, stored transposed (B, H, D, NP); tokens N..NP-1 (the padding) are zeros."""
+    v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
+    sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
+    r, ns = recip(sc)
+    if tl.min(fast_div_ok(sc)) > 0:
+        y = div_by(v, r[None, :], ns[None, :])
+        sign = (v.to(tl.int32, bitcast=True) >> 31) << 31  # -0.0 / s is -0.0 (div_by gives +0.0)
+        y = (y.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    else:
+        y = tl.math.div_rn(v, tl.broadcast_to(tl.where(sc == 0.0, 1.0, sc)[None, :], v.shape))
+    y = tl.where(sc[None, :] == 0.0, 0.0, y)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    # transposed store: (B, H, D, NP), tokens contiguous (the K-major operand of the FP8 PV matmul)
+    tl.store(Y + bh * D * NP + rd[None, :] * NP + rn[:, None], to_e4m3(y, EMULATE),
+             mask=(rn[:, None] < NP) & (rd[None, :] < D))
+
+
+STATS_TILE = 4096  # elements per load of :func:`_chan_stats` (32 tokens at hd128: 32 per thread in flight)
+STATS_CHUNK = 512  # tokens per program of :func:`_chan_stats`: a function of N alone, so the K mean's
+# summation order (and so its bits) is the same in every call on a shape (k_mean == quantize's mean)
 
 
 @triton.jit
@@ -121,16 +132,26 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
     h = bh % H
     rd = tl.arange(0, BLOCK_D)
     md = rd < D
-    base = X + b * sxb + h * sxh
+    base = X + b * sxb + h * sxh + sp * CHUNK * sxn
     # element-wise accumulators over the chunk's tiles, reduced across tokens once at the end (a reduction
-    # per tile was 2.5-3.5x slower than the bandwidth allows: H200 run 48)
+    # per tile was 2.5-3.5x slower than the bandwidth allows: H200 run 48); the full tiles load without a
+    # token mask, so only the ragged tail selects (lanes past D are loaded as zeros and never stored)
     acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     lo = tl.full((BLOCK_N, BLOCK_D), float("inf"), tl.float32)
     hi = tl.full((BLOCK_N, BLOCK_D), float("-inf"), tl.float32)
-    for i in range(0, CHUNK, BLOCK_N):
-        rn = sp * CHUNK + i + tl.arange(0, BLOCK_N)
-        m = (rn[:, None] < N) & md[None, :]
-        x = tl.load(base + rn[:, None] * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
+    n_here = tl.minimum(N - sp * CHUNK, CHUNK)
+    n_full = (n_here // BLOCK_N) * BLOCK_N
+    rn = tl.arange(0, BLOCK_N)
+    for i in range(0, n_full, BLOCK_N):
+        x = tl.load(base + (i + rn[:, None]) * sxn + rd[None, :] * sxd, mask=md[None, :], other=0.0).to(tl.float32)
+        if DO_SUM:
+            acc += x
+        if DO_RANGE:
+            lo = _min_nan(lo, x)
+            hi = _max_nan(hi, x)
+    if n_full < n_here:
+        m = ((n_full + rn[:, None]) < n_here) & md[None, :]
+        x = tl.load(base + (n_full + rn[:, None]) * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
         if DO_SUM:
             acc += x
         if DO_RANGE:
@@ -144,15 +165,26 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
         tl.store(MAX + out, tl.reduce(hi, 0, _max_nan), mask=md)
 
 
+SPLIT_BLOCK = 32  # partial rows per load of :func:`_stats_finalize`
+
+
 @triton.jit
-def _split_range(MIN, MAX, row0, nsplit, rd, m, D):
-    """min and max over ``nsplit`` partial rows starting at row ``row0`` (NaN-propagating)."""
-    lo = tl.load(MIN + row0 * D + rd, mask=m, other=0.0)
-    hi = tl.load(MAX + row0 * D + rd, mask=m, other=0.0)
-    for sp in range(1, nsplit):
-        lo = _min_nan(lo, tl.load(MIN + (row0 + sp) * D + rd, mask=m, other=0.0))
-        hi = _max_nan(hi, tl.load(MAX + (row0 + sp) * D + rd, mask=m, other=0.0))
-    return lo, hi
+def _split_reduce(P, row0, nsplit, rd, m, D, OP: tl.constexpr, SB: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum (OP 0), min (1) or max (2) over ``nsplit`` partial rows of P starting at row ``row0``
+    (NaN-propagating), SB rows per load."""
+    init = 0.0 if OP == 0 else (float("inf") if OP == 1 else float("-inf"))
+    res = tl.full((BLOCK_D,), init, tl.float32)
+    rs = tl.arange(0, SB)
+    for s0 in range(0, nsplit, SB):
+        mm = ((s0 + rs[:, None]) < nsplit) & m[None, :]
+        a = tl.load(P + (row0 + s0 + rs[:, None]) * D + rd[None, :], mask=mm, other=init)
+        if OP == 0:
+            res += tl.sum(a, axis=0)
+        elif OP == 1:
+            res = _min_nan(res, tl.reduce(a, 0, _min_nan))
+        else:
+            res = _max_nan(res, tl.reduce(a, 0, _max_nan))
+    return res
 
 
 @triton.jit
@@ -171,24 +203,25 @@ def _stats_finalize(QMIN, QMAX, KSUM, KMIN, KMAX, VMIN, VMAX, MEAN, S, VS, G, SQ
     if MEAN_GIVEN:
         mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
     else:
-        tot = tl.zeros((BLOCK_D,), tl.float32)
-        for sp in range(0, SK):
-            tot += tl.load(KSUM + (bhk * SK + sp) * D + rd, mask=m, other=0.0)
+        tot = _split_reduce(KSUM, bhk * SK, SK, rd, m, D, 0, SPLIT_BLOCK, BLOCK_D)
         mu = tl.math.div_rn(tot, tl.full((BLOCK_D,), NK, tl.float32))
         tl.store(MEAN + bhk * D + rd, mu, mask=m)
     if RESCALE:
         aq = tl.zeros((BLOCK_D,), tl.float32)
         for g in range(0, G):
-            qmin, qmax = _split_range(QMIN, QMAX, (bhk * G + g) * SQ, SQ, rd, m, D)
+            qmin = _split_reduce(QMIN, (bhk * G + g) * SQ, SQ, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
+            qmax = _split_reduce(QMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
             aq = _max_nan(aq, _max_nan(qmax, -qmin))
-        kmin, kmax = _split_range(KMIN, KMAX, bhk * SK, SK, rd, m, D)
+        kmin = _split_reduce(KMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
+        kmax = _split_reduce(KMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
         ak = _max_nan(kmax - mu, mu - kmin)
         inf = float("inf")
         ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
         s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
         tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
     if DO_V:
-        vmin, vmax = _split_range(VMIN, VMAX, bhk * SK, SK, rd, m, D)
+        vmin = _split_reduce(VMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
+        vmax = _split_reduce(VMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
         amax = tl.abs(_max_nan(vmax, -vmin))  # = max |v| exactly (abs: a column of -0.0 gives +0.0)
         tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
 
@@ -214,7 +247,7 @@ def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
     block_d = _block_d(d)
     _chan_stats[(nsplit, b * h)](x_hnd, *(_or(t, any_buf) for t in (sm, lo, hi)), *x_hnd.stride(), h, n, d,
                                  nsplit, DO_SUM=do_sum, DO_RANGE=do_range, CHUNK=STATS_CHUNK,
-                                 BLOCK_N=max(1, min(64, 2048 // block_d)), BLOCK_D=block_d)
+                                 BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d)
     return sm, lo, hi, nsplit
 
 
