@@ -165,7 +165,7 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
         tl.store(MAX + out, tl.reduce(hi, 0, _max_nan), mask=md)
 
 
-SPLIT_BLOCK = 32  # partial rows per load of :func:`_stats_finalize`
+SPLIT_BLOCK = tl.constexpr(32)  # partial rows per load of :func:`_stats_finalize`
 
 
 @triton.jit
