@@ -115,17 +115,18 @@ def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexp
              mask=(rn[:, None] < NP) & (rd[None, :] < D))
 
 
-STATS_TILE = 4096  # elements per load of :func:`_chan_stats` (32 tokens at hd128: 32 per thread in flight)
+STATS_TILE = 2048  # elements per load of :func:`_chan_stats` (16 tokens at hd128; 4096 ran 1.5 waves
+# at Flux's 16K, 0.14 -> 0.21 ms: H200 run 53)
 STATS_CHUNK = 512  # tokens per program of :func:`_chan_stats`: a function of N alone, so the K mean's
 # summation order (and so its bits) is the same in every call on a shape (k_mean == quantize's mean)
 
 
 @triton.jit
 def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: tl.constexpr,
-                DO_RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per-channel partials over CHUNK tokens of a strided (B, H, N, D) tensor, one program per (chunk,
-    batch·head): the fp32 sum (DO_SUM) and the min and max (DO_RANGE; NaN-propagating, as torch's), each
-    stored at ``[bh, chunk, :]`` of a (B·H, NSPLIT, D) fp32 buffer."""
+    batch·head): the fp32 sum (DO_SUM); RANGE 1 the min and the max, 2 the max of |x| (into MAX), both
+    NaN-propagating, as torch's; each stored at ``[bh, chunk, :]`` of a (B·H, NSPLIT, D) fp32 buffer."""
     sp = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -138,7 +139,7 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
     # token mask, so only the ragged tail selects (lanes past D are loaded as zeros and never stored)
     acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     lo = tl.full((BLOCK_N, BLOCK_D), float("inf"), tl.float32)
-    hi = tl.full((BLOCK_N, BLOCK_D), float("-inf"), tl.float32)
+    hi = tl.full((BLOCK_N, BLOCK_D), 0.0 if RANGE == 2 else float("-inf"), tl.float32)
     n_here = tl.minimum(N - sp * CHUNK, CHUNK)
     n_full = (n_here // BLOCK_N) * BLOCK_N
     rn = tl.arange(0, BLOCK_N)
@@ -146,22 +147,27 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
         x = tl.load(base + (i + rn[:, None]) * sxn + rd[None, :] * sxd, mask=md[None, :], other=0.0).to(tl.float32)
         if DO_SUM:
             acc += x
-        if DO_RANGE:
+        if RANGE == 1:
             lo = _min_nan(lo, x)
             hi = _max_nan(hi, x)
+        if RANGE == 2:
+            hi = _max_nan(hi, tl.abs(x))
     if n_full < n_here:
         m = ((n_full + rn[:, None]) < n_here) & md[None, :]
         x = tl.load(base + (n_full + rn[:, None]) * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
         if DO_SUM:
             acc += x
-        if DO_RANGE:
+        if RANGE == 1:
             lo = _min_nan(lo, tl.where(m, x, float("inf")))
             hi = _max_nan(hi, tl.where(m, x, float("-inf")))
+        if RANGE == 2:
+            hi = _max_nan(hi, tl.abs(x))  # (masked: |0|, below every partial)
     out = (bh * NSPLIT + sp) * D + rd
     if DO_SUM:
         tl.store(SUM + out, tl.sum(acc, axis=0), mask=md)
-    if DO_RANGE:
+    if RANGE == 1:
         tl.store(MIN + out, tl.reduce(lo, 0, _min_nan), mask=md)
+    if RANGE != 0:
         tl.store(MAX + out, tl.reduce(hi, 0, _max_nan), mask=md)
 
 
@@ -188,7 +194,7 @@ def _split_reduce(P, row0, nsplit, rd, m, D, OP: tl.constexpr, SB: tl.constexpr,
 
 
 @triton.jit
-def _stats_finalize(QMIN, QMAX, KSUM, KMIN, KMAX, VMIN, VMAX, MEAN, S, VS, G, SQ, SK, NK, D,
+def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D,
                     MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
     query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
@@ -209,9 +215,7 @@ def _stats_finalize(QMIN, QMAX, KSUM, KMIN, KMAX, VMIN, VMAX, MEAN, S, VS, G, SQ
     if RESCALE:
         aq = tl.zeros((BLOCK_D,), tl.float32)
         for g in range(0, G):
-            qmin = _split_reduce(QMIN, (bhk * G + g) * SQ, SQ, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
-            qmax = _split_reduce(QMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
-            aq = _max_nan(aq, _max_nan(qmax, -qmin))
+            aq = _max_nan(aq, _split_reduce(QAMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D))
         kmin = _split_reduce(KMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
         kmax = _split_reduce(KMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
         ak = _max_nan(kmax - mu, mu - kmin)
@@ -220,9 +224,7 @@ def _stats_finalize(QMIN, QMAX, KSUM, KMIN, KMAX, VMIN, VMAX, MEAN, S, VS, G, SQ
         s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
         tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
     if DO_V:
-        vmin = _split_reduce(VMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
-        vmax = _split_reduce(VMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
-        amax = tl.abs(_max_nan(vmax, -vmin))  # = max |v| exactly (abs: a column of -0.0 gives +0.0)
+        amax = _split_reduce(VAMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)  # max |v| (+0.0 for -0.0)
         tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
 
 
@@ -235,18 +237,20 @@ def _or(t: Optional[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
     return buf if t is None else t
 
 
-def chan_stats(x_hnd: torch.Tensor, do_sum: bool, do_range: bool):
+def chan_stats(x_hnd: torch.Tensor, do_sum: bool, range_mode: int):
     """Per-chunk channel partials of ``x_hnd`` (B, H, N, D), any strides: ``(sum, min, max, nsplit)``,
-    each (B·H, nsplit, D) fp32 or None (:func:`_chan_stats`)."""
+    each (B·H, nsplit, D) fp32 or None (:func:`_chan_stats`): the sum if ``do_sum``; ``range_mode`` 1 the
+    min and max, 2 the max of |x| (as ``max``), 0 neither."""
     b, h, n, d = x_hnd.shape
     nsplit = max(1, triton.cdiv(n, STATS_CHUNK))
     e = lambda: torch.empty((b * h, nsplit, d), dtype=torch.float32, device=x_hnd.device)  # noqa: E731
     sm = e() if do_sum else None
-    lo, hi = (e(), e()) if do_range else (None, None)
-    any_buf = next(t for t in (sm, lo) if t is not None)
+    lo = e() if range_mode == 1 else None
+    hi = e() if range_mode else None
+    any_buf = next(t for t in (sm, hi) if t is not None)
     block_d = _block_d(d)
     _chan_stats[(nsplit, b * h)](x_hnd, *(_or(t, any_buf) for t in (sm, lo, hi)), *x_hnd.stride(), h, n, d,
-                                 nsplit, DO_SUM=do_sum, DO_RANGE=do_range, CHUNK=STATS_CHUNK,
+                                 nsplit, DO_SUM=do_sum, RANGE=range_mode, CHUNK=STATS_CHUNK,
                                  BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d)
     return sm, lo, hi, nsplit
 
@@ -256,25 +260,26 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     """The prologue's token reductions in two steps (:func:`chan_stats` over each given tensor, then one
     :func:`_stats_finalize`): ``(mean (B, Hkv, D), s (B, Hkv, D) or None, v scales (B, Hkv, D) or None)``,
     fp32. ``q_hnd`` given: the channel factors of (Q, K - mean); ``v_hnd`` given: V's FP8 scales;
-    ``mean`` given (B, Hkv, D): used instead of K's own (then K's sum is not taken)."""
+    ``mean`` given (B, Hkv, D): used instead of K's own (then K's sum is not taken). K needs its min and
+    max (max |k - mean| comes from them), Q and V only their largest magnitude (one accumulator)."""
     b, hkv, nk, d = k_hnd.shape
     rescale, do_v = q_hnd is not None, v_hnd is not None
     ksum = kmin = kmax = None
     sk = 1
     if mean is None or rescale:
-        ksum, kmin, kmax, sk = chan_stats(k_hnd, mean is None, rescale)
-    qmin = qmax = vmin = vmax = None
+        ksum, kmin, kmax, sk = chan_stats(k_hnd, mean is None, 1 if rescale else 0)
+    qamax = vamax = None
     sq = 1
     if rescale:
-        _, qmin, qmax, sq = chan_stats(q_hnd, False, True)
+        _, _, qamax, sq = chan_stats(q_hnd, False, 2)
     if do_v:
-        _, vmin, vmax, _ = chan_stats(v_hnd, False, True)
+        _, _, vamax, _ = chan_stats(v_hnd, False, 2)
     dev = k_hnd.device
     mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
     s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
     vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
     g = q_hnd.shape[1] // hkv if rescale else 1
-    _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qmin, qmax, ksum, kmin, kmax, vmin, vmax)), mean_out,
+    _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)), mean_out,
                                 _or(s, mean_out), _or(vs, mean_out), g, sq, sk, nk, d, MEAN_GIVEN=mean is not None,
                                 RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
     return mean_out, s, vs
