@@ -100,13 +100,15 @@ def test_div_by_is_the_ieee_quotient_near_every_tie():
 
 
 def test_prologue_token_stats_over_several_chunks():
-    """Token reductions split over chunks of STATS_CHUNK tokens (a ragged last one): the mean agrees with
+    """Token reductions split over chunks of stats_chunk(N) tokens (a ragged last one): the mean agrees with
     torch's to rounding, the rest of the prologue (channel factors, V scales, every value) is the
     reference's bits given that mean; NaN poisons exactly its channel's V scale and K's factor is 1."""
-    lk = 2 * KQ.STATS_CHUNK + 77
+    c = KQ.stats_chunk(600)
+    lk = 2 * c + 77
+    assert KQ.stats_chunk(lk) == c
     q, k, v = _inputs(lq=70, lk=lk)
     k[0, 1, lk - 3, 5] = 500.0  # an outlier in the last (ragged) chunk
-    v[0, 0, KQ.STATS_CHUNK + 1, 9] = -300.0  # V's amax in the middle chunk, negative
+    v[0, 0, c + 1, 9] = -300.0  # V's amax in the middle chunk, negative
     got = KQ.quantize(q, k, v, "HND", True)
     mean = KQ.k_mean(k)
     assert torch.allclose(mean, k.float().mean(dim=-2), rtol=1e-6, atol=1e-6)
@@ -115,10 +117,10 @@ def test_prologue_token_stats_over_several_chunks():
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(bits(a), bits(b))
-    v[0, 1, KQ.STATS_CHUNK + 5, 3] = float("nan")
+    v[0, 1, c + 5, 3] = float("nan")
     vs = KQ.quantize(q, k, v)[5]
     assert torch.isnan(vs[0, 1, 3]) and int(torch.isnan(vs).sum()) == 1
-    k[0, 0, 2 * KQ.STATS_CHUNK + 1, 7] = float("nan")
+    k[0, 0, 2 * c + 1, 7] = float("nan")
     s = KQ.channel_scales(q, k, KQ.k_mean(k))
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
 
