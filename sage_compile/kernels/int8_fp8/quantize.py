@@ -3,9 +3,11 @@ per-thread groups of :func:`sage_compile.reference.quant.quant_int8_k_groups`, p
 transposed (its tokens padded with zeros to a multiple of 16).
 
 Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (conventions.md rule 1):
-IEEE-exact divisions (``div_rn``), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
+the IEEE quotients, through each row's or channel's correctly rounded reciprocal and one Markstein
+correction (:func:`sage_compile.kernels._common.div_by`; ``div_rn`` for a tile with a divisor out of its
+range), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
 Two passes over each of Q, K and V: the token reductions (K's channel sum, min and max, Q's and V's
-channel ranges) as per-chunk partials (:func:`_chan_stats`, one launch per tensor) that one small kernel
+largest channel magnitudes) as per-chunk partials (:func:`_chan_stats`, one launch per tensor) that one small kernel
 turns into the K mean, the channel factors and V's scales (:func:`_stats_finalize`); then the element-wise
 quantization (one launch per tensor). Seven launches in all, where torch's reductions over the token axis
 of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time (H200 run 20: an
