@@ -118,8 +118,15 @@ def test_prologue_token_stats_over_several_chunks():
         assert a.dtype == b.dtype and a.shape == b.shape
         assert torch.equal(bits(a), bits(b))
     v[0, 1, c + 5, 3] = float("nan")
-    vs = KQ.quantize(q, k, v)[5]
+    v8, vs = KQ.quantize(q, k, v)[4:]
     assert torch.isnan(vs[0, 1, 3]) and int(torch.isnan(vs).sum()) == 1
+    # the NaN channel's values are NaN (as the reference's), not the clamp's -448; the other channels' bits
+    # are the reference's
+    v8_ref = Q.quant_fp8_v(v, 16)[0]
+    assert torch.isnan(v8[0, 1, 3, :lk].float()).all() and torch.isnan(v8_ref[0, 1, 3, :lk].float()).all()
+    assert int(torch.isnan(v8.float()).sum()) == lk
+    v8[0, 1, 3], v8_ref[0, 1, 3] = 0, 0
+    assert torch.equal(bits(v8), bits(v8_ref))
     k[0, 0, 2 * c + 1, 7] = float("nan")
     s = KQ.channel_scales(q, k, KQ.k_mean(k))
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()

@@ -52,9 +52,8 @@ def div_by(x, r, ns):
     slow-path call made the prologue's quantizers issue-bound): q = x·r, then Markstein's correction
     q + (x - q·s)·r, the residual exact by the FMA. Exact for s in [2^-60, 2^60] (:func:`fast_div_ok`;
     checked offline on 10^8 pairs around rounding ties, and in tests/test_kernel_int8_fp8_interpret.py) for
-    every x whose quotient matters
-    to INT8 or E4M3 (|x/s| >= 2^-11 keeps the residual normal; smaller ones round to 0 either way). For
-    s = 0 pass r = 1, ns = -1: x itself."""
+    every x whose quotient matters to INT8 or E4M3 (|x/s| >= 2^-11 keeps the residual normal; smaller ones
+    round to 0 either way). For s = 0 pass r = 1, ns = -1: x itself."""
     q = x * r
     return tl.fma(tl.fma(q, ns, x), r, q)
 
@@ -76,7 +75,10 @@ def to_e4m3(x, EMULATE: tl.constexpr):
         step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
         y = x / step
         sign = (x.to(tl.int32, bitcast=True) >> 31) << 31  # rne(-0.0) is +0.0: keep -0.0 (and -tiny -> -0)
-        x = ((rne(y, EMULATE) * step).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        r = ((rne(y, EMULATE) * step).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        # the interpreter's cast turns NaN into a number: NaN is 0x7F, as the GPU's satfinite cast gives
+        nan = tl.full(x.shape, 0x7F, tl.int8).to(tl.float8e4nv, bitcast=True)
+        return tl.where(x != x, nan, r.to(tl.float8e4nv))
     return x.to(tl.float8e4nv)
 
 
