@@ -13,6 +13,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from sage_compile.kernels.int8_fp8 import attention as KA  # noqa: E402
+from sage_compile.kernels._common import div_by, int8_bits, recip  # noqa: E402
 from sage_compile.kernels.int8_fp8 import quantize as KQ  # noqa: E402
 from sage_compile.reference import int8_fp8 as R  # noqa: E402
 from sage_compile.reference import quant as Q  # noqa: E402
@@ -52,8 +53,9 @@ def test_prologue_bit_identical_on_both_division_paths():
     in V included (div_by alone would give +0.0)."""
     q, k, v = _inputs(lq=200, lk=260)
     q[0, 1, 140] *= 1e-22  # a tiny row: the IEEE path for its tile (rows 128-191)
-    q[0, 2, 7, 3] = float("inf")  # an infinite row: IEEE path, its values 0 / NaN scale -> 0
-    k[0, 1, 200, 5] = float("nan")  # a NaN key: its group's scale is NaN, its values 0
+    q[0, 2, 7, 3] = float("inf")  # an infinite value: IEEE path, the row's scale inf, its values 0
+    k[0, 1, 200, 5] = float("nan")  # a NaN key: K's mean of channel 5 is NaN, so every key of the head
+    # has a NaN scale and values 0
     v[0, 0, 3:9, 1] = -0.0
     v[0, 1, 2, 4] = -0.0
     got = KQ.quantize(q, k, v)
@@ -67,8 +69,6 @@ def test_prologue_bit_identical_on_both_division_paths():
 
 @triton.jit
 def _div_probe(X, S, Y, I8, N, BLOCK: tl.constexpr):
-    from sage_compile.kernels._common import div_by, int8_bits, recip
-
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < N
     x = tl.load(X + o, mask=m, other=0.0)

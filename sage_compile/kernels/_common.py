@@ -67,6 +67,14 @@ def int8_bits(y):
 
 
 @triton.jit
+def or_sign(r, x):
+    """``r`` (fp32) with ``x``'s sign bit OR-ed in: copysign for r >= 0 (|r| or +0.0), and -0.0 kept where
+    arithmetic drops it (Triton negates as 0 - r, rne(-0.0) is +0.0; one LOP3 on the GPU)."""
+    sign = (x.to(tl.int32, bitcast=True) >> 31) << 31
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def to_e4m3(x, EMULATE: tl.constexpr):
     """fp32 (already clamped to ±448) -> float8e4nv, round to nearest even."""
     if EMULATE:
@@ -74,8 +82,7 @@ def to_e4m3(x, EMULATE: tl.constexpr):
         e = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)
         step = ((e - 3 + 127) << 23).to(tl.float32, bitcast=True)
         y = x / step
-        sign = (x.to(tl.int32, bitcast=True) >> 31) << 31  # rne(-0.0) is +0.0: keep -0.0 (and -tiny -> -0)
-        r = ((rne(y, EMULATE) * step).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        r = or_sign(rne(y, EMULATE) * step, x)  # (rne(-0.0) is +0.0: keep -0.0, and -tiny -> -0.0)
         # the interpreter's cast turns NaN into a number: NaN is 0x7F, as the GPU's satfinite cast gives
         nan = tl.full(x.shape, 0x7F, tl.int8).to(tl.float8e4nv, bitcast=True)
         return tl.where(x != x, nan, r.to(tl.float8e4nv))
@@ -88,9 +95,7 @@ def round_e2m1(y, EMULATE: tl.constexpr):
     a = tl.minimum(tl.abs(y), 6.0)
     r = tl.where(a < 2.0, rne(a * 2.0, EMULATE) * 0.5,
                  tl.where(a < 4.0, rne(a, EMULATE), rne(a * 0.5, EMULATE) * 2.0))
-    # copysign through the bits: Triton negates as 0 - r, which turns -0.0 into +0.0 on the GPU
-    sign = (y.to(tl.int32, bitcast=True) >> 31) << 31
-    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return or_sign(r, y)  # (copysign through the bits: -r would turn -0.0 into +0.0)
 
 
 @triton.jit

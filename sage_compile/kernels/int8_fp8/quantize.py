@@ -24,7 +24,7 @@ import triton.language as tl
 from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, recip, rne, to_e4m3
+from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, or_sign, recip, rne, to_e4m3
 
 
 @triton.jit
@@ -105,9 +105,7 @@ def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexp
     sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
     r, ns = recip(sc)
     if tl.min(fast_div_ok(sc)) > 0:
-        y = div_by(v, r[None, :], ns[None, :])
-        sign = (v.to(tl.int32, bitcast=True) >> 31) << 31  # -0.0 / s is -0.0 (div_by gives +0.0)
-        y = (y.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        y = or_sign(div_by(v, r[None, :], ns[None, :]), v)  # -0.0 / s is -0.0 (div_by gives +0.0)
     else:
         y = tl.math.div_rn(v, tl.broadcast_to(tl.where(sc == 0.0, 1.0, sc)[None, :], v.shape))
         y = tl.where(rn[:, None] >= N, 0.0, y)  # the padding stays 0 under a NaN or inf scale (0 / NaN)
