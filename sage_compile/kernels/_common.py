@@ -51,7 +51,7 @@ def div_by(x, r, ns):
     ``ns = -s``, in three FMA-pipe instructions instead of a division per element (whose MUFU.RCP, FCHK and
     slow-path call made the prologue's quantizers issue-bound): q = x·r, then Markstein's correction
     q + (x - q·s)·r, the residual exact by the FMA. Exact for s in [2^-60, 2^60] (:func:`fast_div_ok`;
-    checked offline on 10^8 pairs around rounding ties, and in tests/test_kernel_int8_fp8_interpret.py) for
+    10^8 pairs around rounding ties: benchmarks/diag_div_by.py; tests/test_kernel_int8_fp8_interpret.py) for
     every x whose quotient matters to INT8 or E4M3 (|x/s| >= 2^-11 keeps the residual normal; smaller ones
     round to 0 either way). For s = 0 pass r = 1, ns = -1: x itself."""
     q = x * r
