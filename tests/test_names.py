@@ -1,6 +1,6 @@
-"""Every global name a function of the package reads is defined: a cheap guard for the code paths the CPU
-suite cannot run (the autotuned CUDA launches, Blackwell branches), where a lost module-level name
-would only fail on the GPU."""
+"""Every global name a function of the package reads is defined, and every Triton kernel reads only globals
+the Triton compiler accepts: cheap guards for what the CPU suite cannot run (the autotuned CUDA launches,
+Blackwell branches, compiled kernels: the interpreter is laxer), which would only fail on the GPU."""
 import builtins
 import importlib
 import pkgutil
@@ -47,3 +47,27 @@ def test_module_reads_no_undefined_global(name):
     defined = set(vars(mod)) | set(dir(builtins)) | {"__annotations__"}
     missing = sorted({n for n in _global_reads(co) if n not in defined})
     assert not missing, f"{name} reads undefined globals: {missing}"
+
+
+def _jit_functions(mod):
+    for v in vars(mod).values():
+        fn = getattr(v, "fn", None)
+        if type(v).__name__ in ("JITFunction", "InterpretedFunction") and isinstance(getattr(fn, "__code__", None), types.CodeType):
+            if fn.__module__ == mod.__name__:
+                yield fn
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_triton_kernels_read_only_constexpr_globals(name):
+    """A @triton.jit function may read, as globals, other jit functions, modules and tl.constexpr values,
+    never a plain number, string or container: the compiler rejects those (the interpreter, the CPU
+    suite's path, accepts them: H200 run 52 failed on an int global the interpreter tests had passed)."""
+    pytest.importorskip("triton")
+    mod = importlib.import_module(name)
+    bad = []
+    for fn in _jit_functions(mod):
+        for g in set(_global_reads(fn.__code__)):
+            v = fn.__globals__.get(g)
+            if isinstance(v, (bool, int, float, str, tuple, list, dict, set)):
+                bad.append(f"{fn.__name__} reads {g} = {v!r}")
+    assert not bad, f"{name}: {bad} (make them tl.constexpr(...))"
