@@ -129,6 +129,20 @@ def stats_chunk(n: int) -> int:
 
 
 @triton.jit
+def _fold_stats(acc, lo, hi, x, x_lo, x_hi, DO_SUM: tl.constexpr, RANGE: tl.constexpr):
+    """One tile into :func:`_chan_stats`' accumulators: x into the sum, x_lo / x_hi into the min / max
+    (RANGE 1: x with masked entries at +inf / -inf), |x| into the max (RANGE 2)."""
+    if DO_SUM:
+        acc += x
+    if RANGE == 1:
+        lo = _min_nan(lo, x_lo)
+        hi = _max_nan(hi, x_hi)
+    if RANGE == 2:
+        hi = _max_nan(hi, tl.abs(x))
+    return acc, lo, hi
+
+
+@triton.jit
 def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: tl.constexpr,
                 RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per-channel partials over CHUNK tokens of a strided (B, H, N, D) tensor, one program per (chunk,
@@ -152,23 +166,13 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
     rn = tl.arange(0, BLOCK_N)
     for i in range(0, n_full, BLOCK_N):
         x = tl.load(base + (i + rn[:, None]) * sxn + rd[None, :] * sxd, mask=md[None, :], other=0.0).to(tl.float32)
-        if DO_SUM:
-            acc += x
-        if RANGE == 1:
-            lo = _min_nan(lo, x)
-            hi = _max_nan(hi, x)
-        if RANGE == 2:
-            hi = _max_nan(hi, tl.abs(x))
+        acc, lo, hi = _fold_stats(acc, lo, hi, x, x, x, DO_SUM, RANGE)
     if n_full < n_here:
         m = ((n_full + rn[:, None]) < n_here) & md[None, :]
         x = tl.load(base + (n_full + rn[:, None]) * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
-        if DO_SUM:
-            acc += x
-        if RANGE == 1:
-            lo = _min_nan(lo, tl.where(m, x, float("inf")))
-            hi = _max_nan(hi, tl.where(m, x, float("-inf")))
-        if RANGE == 2:
-            hi = _max_nan(hi, tl.abs(x))  # (masked: |0|, below every partial)
+        # (the sum and max |x| take the masked zeros as they are; the min and max skip them)
+        acc, lo, hi = _fold_stats(acc, lo, hi, x, tl.where(m, x, float("inf")), tl.where(m, x, float("-inf")),
+                                  DO_SUM, RANGE)
     out = (bh * NSPLIT + sp) * D + rd
     if DO_SUM:
         tl.store(SUM + out, tl.sum(acc, axis=0), mask=md)
