@@ -10,7 +10,10 @@ projection, as diffusers runs them, compiled four ways in one process (issue: fu
 
 Models: ``cogvideox`` = CogVideoX-2B's ``attn1`` (dim 1920, 30 heads x 64, LayerNorm QK-norm, RoPE on the
 video tokens, 226 text tokens); ``flux`` = Flux's joint ``attn`` (dim 3072, 24 heads x 128, RMSNorm QK-norm,
-RoPE on all tokens, 512 text tokens). N = image/video tokens; batch 1; bf16.
+RoPE on all tokens, 512 text tokens); ``wan`` = Wan2.1-14B's self-attention ``attn1`` (dim 5120, 40 heads x 128,
+RMSNorm across heads, RoPE, no text: 32,760 tokens at 480p x 81 frames); ``hunyuan`` = HunyuanVideo's dual-stream
+``attn`` (dim 3072, 24 heads x 128, RMSNorm QK-norm, RoPE on the video tokens, 256 text tokens appended, no
+text padding mask). N = image/video tokens; batch 1; bf16.
 
 Per variant: the module's time (``triton.testing.do_bench`` median, ms), and from one profiled iteration
 its CUDA kernel time split by kernel name into ``gemm`` (projections), ``core`` (the attention kernel) and
@@ -58,12 +61,26 @@ def build(model: str, n: int, device: str):
         heads, hd, dim, txt = 24, 128, 3072, 512
         m = FluxTransformerBlock(dim=dim, num_attention_heads=heads, attention_head_dim=hd).attn
         rope_len = n + txt
+    elif model == "wan":
+        from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+        heads, hd, dim, txt = 40, 128, 5120, 0
+        m = WanTransformerBlock(dim=dim, ffn_dim=13824, num_heads=heads).attn1
+        rope_len = n
+    elif model == "hunyuan":
+        from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoTransformerBlock
+
+        heads, hd, dim, txt = 24, 128, 3072, 256
+        m = HunyuanVideoTransformerBlock(num_attention_heads=heads, attention_head_dim=hd, mlp_ratio=4.0).attn
+        rope_len = n
     else:
         raise ValueError(model)
     m = m.to(device=device, dtype=torch.bfloat16).eval()
     ang = torch.rand(rope_len, hd, generator=g) * 2 * math.pi
     rope = (ang.cos().to(device), ang.sin().to(device))
     x = torch.randn(1, n, dim, generator=g).to(device, torch.bfloat16)
+    if model == "wan":  # self-attention only; RoPE tables (1, N, 1, D) for its (B, N, H, D) q / k
+        return m, dict(hidden_states=x, rotary_emb=tuple(t[None, :, None] for t in rope)), heads, hd
     enc = torch.randn(1, txt, dim, generator=g).to(device, torch.bfloat16)
     return m, dict(hidden_states=x, encoder_hidden_states=enc, image_rotary_emb=rope), heads, hd
 

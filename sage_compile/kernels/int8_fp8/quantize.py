@@ -7,9 +7,9 @@ the IEEE quotients, through each row's or channel's correctly rounded reciprocal
 correction (:func:`sage_compile.kernels._common.div_by`; ``div_rn`` for a tile with a divisor out of its
 range), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
 Two passes over each of Q, K and V: the token reductions (K's channel sum, min and max, Q's and V's
-largest channel magnitudes) as per-chunk partials (:func:`_chan_stats`, one launch per tensor) that one small kernel
+largest channel magnitudes) as per-chunk partials (:func:`_chan_stats`, one launch for all three) that one small kernel
 turns into the K mean, the channel factors and V's scales (:func:`_stats_finalize`); then the element-wise
-quantization (one launch per tensor). Seven launches in all, where torch's reductions over the token axis
+quantization (one launch per tensor). Five launches in all, where torch's reductions over the token axis
 of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time (H200 run 20: an
 ``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms).
 """
@@ -143,13 +143,15 @@ def _fold_stats(acc, lo, hi, x, x_lo, x_hi, DO_SUM: tl.constexpr, RANGE: tl.cons
 
 
 @triton.jit
-def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: tl.constexpr,
-                RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Per-channel partials over CHUNK tokens of a strided (B, H, N, D) tensor, one program per (chunk,
-    batch·head): the fp32 sum (DO_SUM); RANGE 1 the min and the max, 2 the max of |x| (into MAX), both
-    NaN-propagating, as torch's; each stored at ``[bh, chunk, :]`` of a (B·H, NSPLIT, D) fp32 buffer."""
-    sp = tl.program_id(0)
-    bh = tl.program_id(1)
+def _stats_program(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, pid, DO_SUM: tl.constexpr,
+                   RANGE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   UNROLL: tl.constexpr):
+    """Per-channel partials over chunk ``pid % NSPLIT`` (CHUNK tokens) of (batch·head) ``pid // NSPLIT`` of
+    a strided (B, H, N, D) tensor: the fp32 sum (DO_SUM); RANGE 1 the min and the max, 2 the max of |x|
+    (into MAX), both NaN-propagating, as torch's; each stored at ``[bh, chunk, :]`` of a (B·H, NSPLIT, D)
+    fp32 buffer. The tiles fold in token order whatever UNROLL (tiles loaded per step), so the bits too."""
+    sp = pid % NSPLIT
+    bh = pid // NSPLIT
     b = bh // H
     h = bh % H
     rd = tl.arange(0, BLOCK_D)
@@ -157,19 +159,26 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
     base = X + b * sxb + h * sxh + sp * CHUNK * sxn
     # element-wise accumulators over the chunk's tiles, reduced across tokens once at the end (a reduction
     # per tile was 2.5-3.5x slower than the bandwidth allows: H200 run 48); the full tiles load without a
-    # token mask, so only the ragged tail selects (lanes past D are loaded as zeros and never stored)
+    # token mask, so only the ragged tail selects (lanes past D are loaded as zeros and never stored);
+    # UNROLL tiles per step put that many loads in flight before the first is folded
     acc = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     lo = tl.full((BLOCK_N, BLOCK_D), float("inf"), tl.float32)
     hi = tl.full((BLOCK_N, BLOCK_D), 0.0 if RANGE == 2 else float("-inf"), tl.float32)
     n_here = tl.minimum(N - sp * CHUNK, CHUNK)
+    n_step = (n_here // (BLOCK_N * UNROLL)) * (BLOCK_N * UNROLL)
     n_full = (n_here // BLOCK_N) * BLOCK_N
     rn = tl.arange(0, BLOCK_N)
-    for i in range(0, n_full, BLOCK_N):
-        x = tl.load(base + (i + rn[:, None]) * sxn + rd[None, :] * sxd, mask=md[None, :], other=0.0).to(tl.float32)
+    ptrs = base + rn[:, None] * sxn + rd[None, :] * sxd
+    for i in range(0, n_step, BLOCK_N * UNROLL):
+        for u in tl.static_range(UNROLL):
+            x = tl.load(ptrs + (i + u * BLOCK_N) * sxn, mask=md[None, :], other=0.0).to(tl.float32)
+            acc, lo, hi = _fold_stats(acc, lo, hi, x, x, x, DO_SUM, RANGE)
+    for i in range(n_step, n_full, BLOCK_N):
+        x = tl.load(ptrs + i * sxn, mask=md[None, :], other=0.0).to(tl.float32)
         acc, lo, hi = _fold_stats(acc, lo, hi, x, x, x, DO_SUM, RANGE)
     if n_full < n_here:
         m = ((n_full + rn[:, None]) < n_here) & md[None, :]
-        x = tl.load(base + (n_full + rn[:, None]) * sxn + rd[None, :] * sxd, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(ptrs + n_full * sxn, mask=m, other=0.0).to(tl.float32)
         # (the sum and max |x| take the masked zeros as they are; the min and max skip them)
         acc, lo, hi = _fold_stats(acc, lo, hi, x, tl.where(m, x, float("inf")), tl.where(m, x, float("-inf")),
                                   DO_SUM, RANGE)
@@ -180,6 +189,30 @@ def _chan_stats(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, DO_SUM: t
         tl.store(MIN + out, tl.reduce(lo, 0, _min_nan), mask=md)
     if RANGE != 0:
         tl.store(MAX + out, tl.reduce(hi, 0, _max_nan), mask=md)
+
+
+@triton.jit
+def _chan_stats(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, NS0, P0,
+                X1, SUM1, MIN1, MAX1, sb1, sh1, sn1, sd1, H1, N1, NS1, P1,
+                X2, SUM2, MIN2, MAX2, sb2, sh2, sn2, sd2, H2, N2, NS2, D,
+                DO_SUM0: tl.constexpr, RANGE0: tl.constexpr, CHUNK0: tl.constexpr,
+                DO_SUM1: tl.constexpr, RANGE1: tl.constexpr, CHUNK1: tl.constexpr,
+                DO_SUM2: tl.constexpr, RANGE2: tl.constexpr, CHUNK2: tl.constexpr,
+                NT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
+    """:func:`_stats_program` over NT (1-3) tensors of one head dim in one launch: programs [0, P0) take
+    tensor 0's (chunk, batch·head) pairs, [P0, P0 + P1) tensor 1's, the rest tensor 2's (one launch
+    keeps more loads in flight than a launch per tensor, each of them a few programs per SM)."""
+    pid = tl.program_id(0)
+    if pid < P0:
+        _stats_program(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, D, NS0, pid, DO_SUM0, RANGE0, CHUNK0,
+                       BLOCK_N, BLOCK_D, UNROLL)
+    elif pid < P0 + P1:
+        if NT >= 2:
+            _stats_program(X1, SUM1, MIN1, MAX1, sb1, sh1, sn1, sd1, H1, N1, D, NS1, pid - P0, DO_SUM1, RANGE1,
+                           CHUNK1, BLOCK_N, BLOCK_D, UNROLL)
+    elif NT >= 3:
+        _stats_program(X2, SUM2, MIN2, MAX2, sb2, sh2, sn2, sd2, H2, N2, D, NS2, pid - P0 - P1, DO_SUM2,
+                       RANGE2, CHUNK2, BLOCK_N, BLOCK_D, UNROLL)
 
 
 SPLIT_BLOCK = tl.constexpr(32)  # partial rows per load of :func:`_stats_finalize`
@@ -248,23 +281,39 @@ def _or(t: Optional[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
     return buf if t is None else t
 
 
-def chan_stats(x_hnd: torch.Tensor, do_sum: bool, range_mode: int):
-    """Per-chunk channel partials of ``x_hnd`` (B, H, N, D), any strides: ``(sum, min, max, nsplit)``,
-    each (B·H, nsplit, D) fp32 or None (:func:`_chan_stats`): the sum if ``do_sum``; ``range_mode`` 1 the
-    min and max, 2 the max of |x| (as ``max``), 0 neither."""
-    b, h, n, d = x_hnd.shape
-    chunk = stats_chunk(n)
-    nsplit = max(1, triton.cdiv(n, chunk))
-    e = lambda: torch.empty((b * h, nsplit, d), dtype=torch.float32, device=x_hnd.device)  # noqa: E731
-    sm = e() if do_sum else None
-    lo = e() if range_mode == 1 else None
-    hi = e() if range_mode else None
-    any_buf = next(t for t in (sm, hi) if t is not None)
+STATS_UNROLL = 2  # tiles of :func:`_stats_program` loaded per step
+
+
+def chan_stats(*specs):
+    """Per-chunk channel partials of up to three tensors of one head dim in one launch: each spec is
+    ``(x_hnd (B, H, N, D) any strides, do_sum, range_mode)``; returns per spec ``(sum, min, max, nsplit)``,
+    each (B·H, nsplit, D) fp32 or None (:func:`_stats_program`): the sum if ``do_sum``; ``range_mode`` 1
+    the min and max, 2 the max of |x| (as ``max``), 0 neither."""
+    args, consts, outs = [], [], []
+    for x, do_sum, range_mode in specs:
+        b, h, n, d = x.shape
+        chunk = stats_chunk(n)
+        nsplit = max(1, triton.cdiv(n, chunk))
+        e = lambda: torch.empty((b * h, nsplit, d), dtype=torch.float32, device=x.device)  # noqa: E731
+        sm = e() if do_sum else None
+        lo = e() if range_mode == 1 else None
+        hi = e() if range_mode else None
+        any_buf = next(t for t in (sm, hi) if t is not None)
+        args.append([x, *(_or(t, any_buf) for t in (sm, lo, hi)), *x.stride(), h, n, nsplit, nsplit * b * h])
+        consts.append((do_sum, range_mode, chunk))
+        outs.append((sm, lo, hi, nsplit))
+    nt = len(specs)
+    assert 1 <= nt <= 3 and len({a[0].shape[3] for a in args}) == 1, "one to three tensors of one head dim"
+    programs = sum(a[-1] for a in args)
+    while len(args) < 3:  # unused slots: tensor 0 again, with no programs (never read: NT)
+        args.append(args[0][:-1] + [0])
+        consts.append(consts[0])
+    d = args[0][0].shape[3]
+    flat = [*args[0], *args[1], *args[2][:-1], d]
     block_d = _block_d(d)
-    _chan_stats[(nsplit, b * h)](x_hnd, *(_or(t, any_buf) for t in (sm, lo, hi)), *x_hnd.stride(), h, n, d,
-                                 nsplit, DO_SUM=do_sum, RANGE=range_mode, CHUNK=chunk,
-                                 BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d)
-    return sm, lo, hi, nsplit
+    _chan_stats[(programs,)](*flat, *(c for cs in consts for c in cs), NT=nt,
+                             BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d, UNROLL=STATS_UNROLL)
+    return outs
 
 
 def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optional[torch.Tensor],
@@ -276,16 +325,18 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     max (max |k - mean| comes from them), Q and V only their largest magnitude (one accumulator)."""
     b, hkv, nk, d = k_hnd.shape
     rescale, do_v = q_hnd is not None, v_hnd is not None
-    ksum = kmin = kmax = None
-    sk = 1
+    specs = {}
     if mean is None or rescale:
-        ksum, kmin, kmax, sk = chan_stats(k_hnd, mean is None, 1 if rescale else 0)
-    qamax = vamax = None
-    sq = 1
+        specs["k"] = (k_hnd, mean is None, 1 if rescale else 0)
     if rescale:
-        _, _, qamax, sq = chan_stats(q_hnd, False, 2)
+        specs["q"] = (q_hnd, False, 2)
     if do_v:
-        _, _, vamax, _ = chan_stats(v_hnd, False, 2)
+        specs["v"] = (v_hnd, False, 2)
+    parts = dict(zip(specs, chan_stats(*specs.values()))) if specs else {}
+    none = (None, None, None, 1)
+    ksum, kmin, kmax, sk = parts.get("k", none)
+    _, _, qamax, sq = parts.get("q", none)
+    vamax = parts.get("v", none)[2]
     dev = k_hnd.device
     mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
     s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
@@ -307,6 +358,10 @@ def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
     return token_stats(None, k_hnd, None)[0]
 
 
+ROWS_TILE = 8192  # elements per program of :func:`_quant_rows_int8` without K's groups (64 tokens at hd64)
+K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
+
+
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
                     channel_mode: int = 0, k_groups: bool = False):
     """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N)); with
@@ -317,13 +372,13 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
     block_d = _block_d(d)
-    block_n = K_GROUP_TILE if k_groups else max(1, min(64, 8192 // block_d))
+    block_n = K_GROUP_TILE if k_groups else max(1, min(64, ROWS_TILE // block_d))
     group = h // channel.shape[1] if channel is not None else 1
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
         x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
         h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
         KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
-        num_warps=8 if k_groups and block_d >= 128 else 4)
+        num_warps=8 if k_groups and block_d >= K_WIDE_D else 4)
     return y, s
 
 
