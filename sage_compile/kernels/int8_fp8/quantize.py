@@ -200,8 +200,8 @@ def _chan_stats(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, NS0, P0,
                 DO_SUM2: tl.constexpr, RANGE2: tl.constexpr, CHUNK2: tl.constexpr,
                 NT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
     """:func:`_stats_program` over NT (1-3) tensors of one head dim in one launch: programs [0, P0) take
-    tensor 0's (chunk, batch·head) pairs, [P0, P0 + P1) tensor 1's, the rest tensor 2's (one launch
-    keeps more loads in flight than a launch per tensor, each of them a few programs per SM)."""
+    tensor 0's (chunk, batch·head) pairs, [P0, P0 + P1) tensor 1's, the rest tensor 2's (one launch keeps
+    more loads in flight than a launch per tensor, each of them a few programs per SM: STATS_UNROLL)."""
     pid = tl.program_id(0)
     if pid < P0:
         _stats_program(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, D, NS0, pid, DO_SUM0, RANGE0, CHUNK0,
@@ -281,7 +281,9 @@ def _or(t: Optional[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
     return buf if t is None else t
 
 
-STATS_UNROLL = 2  # tiles of :func:`_stats_program` loaded per step
+STATS_UNROLL = 4  # tiles of :func:`_stats_program` loaded per step. H200 run 56 (the op in a CUDA graph, channel
+# balancing on, results/prologue_run56_*): one launch per tensor 0.189 / 0.326 ms at CogVideoX / Flux 16K; one
+# launch for all three 0.178 / 0.301 with 1 tile per step, 0.167 / 0.287 with 2, 0.164 / 0.285 with 4
 
 
 def chan_stats(*specs):
@@ -360,6 +362,7 @@ def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
 
 ROWS_TILE = 8192  # elements per program of :func:`_quant_rows_int8` without K's groups (64 tokens at hd64)
 K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
+# (run 56: 4096 and 64 were slower at CogVideoX 16K, 0.180 vs 0.167 ms, and equal at Flux, 0.285 vs 0.287)
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
