@@ -362,7 +362,9 @@ def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:
 
 ROWS_TILE = 8192  # elements per program of :func:`_quant_rows_int8` without K's groups (64 tokens at hd64)
 K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
-# (run 56: 4096 and 64 were slower at CogVideoX 16K, 0.180 vs 0.167 ms, and equal at Flux, 0.285 vs 0.287)
+# (run 56: 4096 and 64 were slower at CogVideoX 16K, 0.180 vs 0.167 ms, and equal at Flux, 0.285 vs 0.287;
+# run 57: K's 168 registers at hd128 are not what limits it: 16 warps, or each tile read in 2 or 4 channel
+# slices (fewer registers, more programs per SM), made the op 0.285 -> 0.30-0.37 ms at Flux 16K)
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
