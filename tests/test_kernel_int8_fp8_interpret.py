@@ -99,18 +99,14 @@ def test_div_by_is_the_ieee_quotient_near_every_tie():
     assert int((torch.round(want) != torch.round(x.double() * (1 / s.double())).float()).sum()) > 0  # ties were hit
 
 
-@pytest.mark.parametrize("hq,split_rows", [(4, 64), (2, 64), (2, 2)])
-def test_prologue_token_stats_over_several_chunks(monkeypatch, hq, split_rows):
+def test_prologue_token_stats_over_several_chunks():
     """Token reductions split over chunks of stats_chunk(N) tokens (a ragged last one): the mean agrees with
     torch's to rounding, the rest of the prologue (channel factors, V scales, every value) is the
-    reference's bits given that mean; NaN poisons exactly its channel's V scale and K's factor is 1.
-    _stats_finalize's paths: GQA (a loop over the query heads), MHA with every partial tile loaded at once
-    (ONE), MHA with 2 partial rows per load (the loop over the partials, a ragged last load)."""
-    monkeypatch.setattr(KQ, "SPLIT_ROWS", split_rows)
+    reference's bits given that mean; NaN poisons exactly its channel's V scale and K's factor is 1."""
     c = KQ.stats_chunk(600)
     lk = 2 * c + 77
     assert KQ.stats_chunk(lk) == c
-    q, k, v = _inputs(hq=hq, lq=70, lk=lk)
+    q, k, v = _inputs(lq=70, lk=lk)
     k[0, 1, lk - 3, 5] = 500.0  # an outlier in the last (ragged) chunk
     v[0, 0, c + 1, 9] = -300.0  # V's amax in the middle chunk, negative
     got = KQ.quantize(q, k, v, "HND", True)

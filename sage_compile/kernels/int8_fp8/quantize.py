@@ -215,12 +215,8 @@ def _chan_stats(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, NS0, P0,
                        RANGE2, CHUNK2, BLOCK_N, BLOCK_D, UNROLL)
 
 
-@triton.jit
-def _split_tile(P, row0, nsplit, rd, m, D, init, SB: tl.constexpr):
-    """Partial rows ``row0 .. row0 + nsplit - 1`` (nsplit <= SB) of P as one (SB, BLOCK_D) tile, ``init``
-    outside."""
-    rs = tl.arange(0, SB)
-    return tl.load(P + (row0 + rs[:, None]) * D + rd[None, :], mask=(rs[:, None] < nsplit) & m[None, :], other=init)
+SPLIT_BLOCK = tl.constexpr(32)  # partial rows per load of :func:`_stats_finalize` (run 59: loading every
+# partial tile before the first reduction, up to 64 rows on up to 16 warps, was within 2.5 % of this, f460fa9)
 
 
 @triton.jit
@@ -229,26 +225,22 @@ def _split_reduce(P, row0, nsplit, rd, m, D, OP: tl.constexpr, SB: tl.constexpr,
     (NaN-propagating), SB rows per load."""
     init = 0.0 if OP == 0 else (float("inf") if OP == 1 else float("-inf"))
     res = tl.full((BLOCK_D,), init, tl.float32)
+    rs = tl.arange(0, SB)
     for s0 in range(0, nsplit, SB):
-        res = _split_fold(res, _split_tile(P, row0 + s0, nsplit - s0, rd, m, D, init, SB), OP)
+        mm = ((s0 + rs[:, None]) < nsplit) & m[None, :]
+        a = tl.load(P + (row0 + s0 + rs[:, None]) * D + rd[None, :], mask=mm, other=init)
+        if OP == 0:
+            res += tl.sum(a, axis=0)
+        elif OP == 1:
+            res = _min_nan(res, tl.reduce(a, 0, _min_nan))
+        else:
+            res = _max_nan(res, tl.reduce(a, 0, _max_nan))
     return res
 
 
 @triton.jit
-def _split_fold(res, a, OP: tl.constexpr):
-    """res folded with the column sums (OP 0), minima (1) or maxima (2) of the tile a (NaN-propagating)."""
-    if OP == 0:
-        return res + tl.sum(a, axis=0)
-    elif OP == 1:
-        return _min_nan(res, tl.reduce(a, 0, _min_nan))
-    else:
-        return _max_nan(res, tl.reduce(a, 0, _max_nan))
-
-
-@triton.jit
 def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D,
-                    MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, SB: tl.constexpr,
-                    ONE: tl.constexpr, BLOCK_D: tl.constexpr):
+                    MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
     query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
     when MEAN_GIVEN, else written there), the channel factors s = sqrt(ak / aq) (RESCALE; aq = max |q|
@@ -259,51 +251,26 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
     bhk = tl.program_id(0)
     rd = tl.arange(0, BLOCK_D)
     m = rd < D
-    inf = float("inf")
-    zero = tl.zeros((BLOCK_D,), tl.float32)
-    if ONE:  # (SQ, SK <= SB, G == 1) every tile loaded first: a reduction's barriers hold back later loads
-        if not MEAN_GIVEN:
-            t_sum = _split_tile(KSUM, bhk * SK, SK, rd, m, D, 0.0, SB)
-        if RESCALE:
-            t_q = _split_tile(QAMAX, bhk * SQ, SQ, rd, m, D, -inf, SB)
-            t_lo = _split_tile(KMIN, bhk * SK, SK, rd, m, D, inf, SB)
-            t_hi = _split_tile(KMAX, bhk * SK, SK, rd, m, D, -inf, SB)
-        if DO_V:
-            t_v = _split_tile(VAMAX, bhk * SK, SK, rd, m, D, -inf, SB)
     if MEAN_GIVEN:
         mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
     else:
-        if ONE:
-            tot = _split_fold(zero, t_sum, 0)
-        else:
-            tot = _split_reduce(KSUM, bhk * SK, SK, rd, m, D, 0, SB, BLOCK_D)
+        tot = _split_reduce(KSUM, bhk * SK, SK, rd, m, D, 0, SPLIT_BLOCK, BLOCK_D)
         mu = tl.math.div_rn(tot, tl.full((BLOCK_D,), NK, tl.float32))
         tl.store(MEAN + bhk * D + rd, mu, mask=m)
     if RESCALE:
-        if ONE:
-            aq = _split_fold(zero, t_q, 2)
-            kmin = _split_fold(zero + inf, t_lo, 1)
-            kmax = _split_fold(zero - inf, t_hi, 2)
-        else:
-            aq = zero
-            for g in range(0, G):
-                aq = _max_nan(aq, _split_reduce(QAMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SB, BLOCK_D))
-            kmin = _split_reduce(KMIN, bhk * SK, SK, rd, m, D, 1, SB, BLOCK_D)
-            kmax = _split_reduce(KMAX, bhk * SK, SK, rd, m, D, 2, SB, BLOCK_D)
+        aq = tl.zeros((BLOCK_D,), tl.float32)
+        for g in range(0, G):
+            aq = _max_nan(aq, _split_reduce(QAMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D))
+        kmin = _split_reduce(KMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
+        kmax = _split_reduce(KMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
         ak = _max_nan(kmax - mu, mu - kmin)
+        inf = float("inf")
         ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
         s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
         tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
     if DO_V:
-        if ONE:
-            amax = _split_fold(zero - inf, t_v, 2)
-        else:
-            amax = _split_reduce(VAMAX, bhk * SK, SK, rd, m, D, 2, SB, BLOCK_D)
-        # (max |v|: +0.0 for -0.0)
+        amax = _split_reduce(VAMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)  # max |v| (+0.0 for -0.0)
         tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
-
-
-SPLIT_ROWS = 64  # the most partial rows :func:`_stats_finalize` reads per load (33 chunks at 16K tokens)
 
 
 def _block_d(d: int) -> int:
@@ -378,11 +345,9 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
     vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
     g = q_hnd.shape[1] // hkv if rescale else 1
-    sb = min(SPLIT_ROWS, max(8, triton.next_power_of_2(max(sq, sk))))  # partial rows per load
     _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)), mean_out,
                                 _or(s, mean_out), _or(vs, mean_out), g, sq, sk, nk, d, MEAN_GIVEN=mean is not None,
-                                RESCALE=rescale, DO_V=do_v, SB=sb, ONE=max(sq, sk) <= sb and g == 1,
-                                BLOCK_D=_block_d(d), num_warps=max(4, min(16, sb * _block_d(d) // 512)))
+                                RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
     return mean_out, s, vs
 
 
