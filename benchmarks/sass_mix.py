@@ -83,7 +83,7 @@ def kernels(hd: int):
         "int8_fp8": (F._fwd_body, dict(Q8=i8, QS=f32, K8=i8, KS=f32, V8=f8, VS=f32, MASK=f32, FLAG="*i32",
                                        KRANGE="*i32", OUT=b16),
                      dict(D=hd, CAUSAL=0, MASK_KIND=0, BLOCK_D=hd, EMULATE=False, BLOCK_M=128, BLOCK_N=128,
-                          P_OFF=8.807354922057604, WS=False, PV=0), 8, 3),
+                          P_OFF=8.807354922057604, WS=False, PV=0, GENERAL_ONLY=False), 8, 3),
     }
 
 

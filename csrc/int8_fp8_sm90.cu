@@ -309,6 +309,9 @@ __device__ __forceinline__ void store2<__half>(__half* p, float a, float b) {
 struct Params {
   const float* qs;  // (the K scales come through their tensor map)
   const float* vs;
+  const int* krange;  // KR: (B, 2) int32, each batch's visible keys [first, end) (clamped to [0, lk))
+  const int* flag;    // KR: int32[1]; the kernel runs only where *flag == want, else every CTA leaves at once
+  int want;
   void* out;
   int hq, group, lq, lk;
   float c;     // softmax scale * log2(e)
@@ -409,17 +412,18 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, int EDGE>
+template <bool CAUSAL, bool KR, int EDGE>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
-                                             int n0, int lk, int r0, int coff, float qsc0, float qsc1, int t,
-                                             int lane) {
+                                             int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
+                                             int t, int lane) {
   const bool mask = EDGE == 1 || (EDGE == 2 && edge);
   float z[64];
-  // under `mask` (the tile crosses the key end or the causal diagonal): this thread's visible logits
+  // under `mask` (the tile crosses an end of the key range [klo, khi) or the causal diagonal): this
+  // thread's visible logits (without KR the range is [0, lk))
   auto visible = [&](int i, int e, int row) {
     const int col = n0 + key_base(i) + kLaneKeys * t + e;
-    return col < lk && (!CAUSAL || col <= row + coff);
+    return (!KR || col >= klo) && col < khi && (!CAUSAL || col <= row + coff);
   };
 #if SAGE_KGROUP
   static_assert(SAGE_KPERM, "SAGE_KGROUP's groups are the lanes' keys of SAGE_KPERM's order");
@@ -534,7 +538,7 @@ __device__ __forceinline__ void fold_tile(float (&o)[D / 2], const float (&ot)[D
   }
 }
 
-template <int D, int STAGES, bool CAUSAL, typename OutT>
+template <int D, int STAGES, bool CAUSAL, bool KR, typename OutT>
 __global__ void __launch_bounds__(threads<D>(), 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_s,
@@ -558,12 +562,24 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   uint64_t* v_full = bars + 1 + STAGES;
   uint64_t* empty = bars + 1 + 2 * STAGES;
 
+  // KR (key-range masks): a device-side flag says which of the launched kernels serves (mask_structure in
+  // kernels/int8_fp8/attention.py); the others leave before touching anything
+  if (KR && __ldg(p.flag) != p.want) return;
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int bh = blockIdx.y;
   const int m0 = m_blk * kBM;
-  int hi = p.lk;
-  if (CAUSAL) hi = min(p.lk, m0 + kBM + p.coff);
-  const int n_tiles = hi > 0 ? (hi + kBN - 1) / kBN : 0;
+  // visible keys [klo, khi) (KR: this batch's range); the tiles j0 .. j0 + n_tiles - 1, 128-key aligned as in
+  // the reference (the K scales' groups and P's per-tile scale follow those tiles)
+  int klo = 0, khi = p.lk;
+  if constexpr (KR) {
+    const int b = bh / p.hq;
+    klo = max(0, __ldg(p.krange + 2 * b));
+    khi = min(p.lk, __ldg(p.krange + 2 * b + 1));
+  }
+  int hi = khi;
+  if (CAUSAL) hi = min(khi, m0 + kBM + p.coff);
+  const int j0 = KR ? klo / kBN : 0;
+  const int n_tiles = hi > klo ? (hi + kBN - 1) / kBN - j0 : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -587,15 +603,15 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       tma_prefetch(&tm_s);
       mbar_expect_tx(q_full, L::kQBytes);
       tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES;
-        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
+      for (int i = 0; i < n_tiles; ++i) {  // the i-th tile of this CTA (ring slot and phase), key tile j
+        const int s = i % STAGES, j = j0 + i;
+        if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
         mbar_expect_tx(&k_full[s], L::kKBytes + L::kSBytes);
         if (SAGE_KPERM) {
 #pragma unroll
-          for (int i = 0; i < 16; ++i)  // 8 rows each, keys key_base(i) + 4t + e at row 2t + e (see key_base)
-            tma_load_4d(sk + s * L::kKBytes + i * 8 * D, &tm_k, &k_full[s], 0, key_base(i) & 3,
-                        (j * kBN + (key_base(i) & ~3)) / 4, bhk);
+          for (int r = 0; r < 16; ++r)  // 8 rows each, keys key_base(r) + 4t + e at row 2t + e (see key_base)
+            tma_load_4d(sk + s * L::kKBytes + r * 8 * D, &tm_k, &k_full[s], 0, key_base(r) & 3,
+                        (j * kBN + (key_base(r) & ~3)) / 4, bhk);
         } else {
           tma_load_4d(sk + s * L::kKBytes, &tm_k, &k_full[s], 0, 0, j * kBN / 4, bhk);
         }
@@ -650,14 +666,14 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     reg_fence(sacc);
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
     // <1> it does, <2> a runtime test (SAGE_EDGELOOP's bit unset)
-    auto tile = [&](int j, auto edge_c) {
+    auto tile = [&](int j, auto edge_c) {  // j: the CTA's j-th tile (key tile j0 + j)
       const int s = j % STAGES;
       const uint32_t parity = (j / STAGES) & 1;
-      const int n0 = j * kBN;
-      const bool edge = (n0 + kBN > p.lk) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+      const int n0 = (j0 + j) * kBN;
+      const bool edge = (n0 + kBN > khi) || (KR && n0 < klo) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, decltype(edge_c)::value>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, p.lk, r0,
-                                                    p.coff, qsc0, qsc1, t, lane);
+      softmax_tile<CAUSAL, KR, decltype(edge_c)::value>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, klo, khi,
+                                                        r0, p.coff, qsc0, qsc1, t, lane);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -701,9 +717,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0) {
       // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
       // the full tiles' loop carries no masking code at all
-      const int vis = CAUSAL ? min(p.lk, wg_first + p.coff + 1) : p.lk;  // keys every row of the warpgroup sees
-      const int n_full = min(n_tiles, vis > 0 ? vis / kBN : 0);
+      const int vis = CAUSAL ? min(khi, wg_first + p.coff + 1) : khi;  // keys every row of the warpgroup sees
+      const int n_full = min(n_tiles, vis > 0 ? vis / kBN - j0 : 0);
       int j = 0;
+      if (KR && klo % kBN != 0) tile(j++, EdgeMask<1>{});  // (n_tiles > 0 here) the range starts inside a tile
       for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
       for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
     } else {
@@ -764,11 +781,11 @@ int make_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
   return r == CUDA_SUCCESS ? 0 : 11;
 }
 
-template <int D, int STAGES, bool CAUSAL, typename OutT>
+template <int D, int STAGES, bool CAUSAL, bool KR, typename OutT>
 int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
            const Params& p, int b, cudaStream_t stream) {
   using L = Layout<D, STAGES>;
-  auto kernel = fwd_kernel<D, STAGES, CAUSAL, OutT>;
+  auto kernel = fwd_kernel<D, STAGES, CAUSAL, KR, OutT>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess)
     return 12;
   dim3 grid((p.lq + block_m<D>() - 1) / block_m<D>(), b * p.hq);
@@ -780,8 +797,11 @@ template <int D, typename OutT>
 int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
                     const Params& p, int b, bool causal, cudaStream_t stream) {
   constexpr int kStages = D == 128 ? SAGE_STAGES128 : SAGE_STAGES64;
-  return causal ? launch<D, kStages, true, OutT>(mq, mk, mv, ms, p, b, stream)
-                : launch<D, kStages, false, OutT>(mq, mk, mv, ms, p, b, stream);
+  if (p.krange != nullptr)
+    return causal ? launch<D, kStages, true, true, OutT>(mq, mk, mv, ms, p, b, stream)
+                  : launch<D, kStages, false, true, OutT>(mq, mk, mv, ms, p, b, stream);
+  return causal ? launch<D, kStages, true, false, OutT>(mq, mk, mv, ms, p, b, stream)
+                : launch<D, kStages, false, false, OutT>(mq, mk, mv, ms, p, b, stream);
 }
 
 }  // namespace sage_sm90
@@ -789,14 +809,18 @@ int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensor
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures (see the launcher).
 // Lengths in elements; ldk = K's rows per head (>= lk, a multiple of 4; rows past lk are zeros), ldv = V^T's
 // row stride (>= lk, a multiple of 16), ldks = the K scales' row stride (>= lk, a multiple of 4), all in
-// elements; out strides in elements.
+// elements; out strides in elements. Key-range masks: krange (b, 2) int32 device pointer, each batch's visible
+// keys [first, end) (clamped to [0, lk)), and flag (int32[1], device): the kernel runs where *flag == want and
+// leaves at once elsewhere (no host sync: the caller launches one kernel per possible flag value); krange null:
+// every key visible (flag and want unused).
 extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, long long ldk, const float* ks,
                                       long long ldks, const void* v8, const float* vs, void* out, int out_fp16,
                                       int b, int hq, int hkv, int lq, int lk, int d, long long ldv, long long sob,
-                                      long long soh, long long son, float c, int causal, int coff, void* stream) {
+                                      long long soh, long long son, float c, int causal, int coff,
+                                      const int* krange, const int* flag, int want, void* stream) {
   using namespace sage_sm90;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || ldk % 4 != 0 || ldk < lk ||
-      ldv % 16 != 0 || ldv < lk || ldks % 4 != 0 || ldks < lk || b * hq > 65535)
+      ldv % 16 != 0 || ldv < lk || ldks % 4 != 0 || ldks < lk || b * hq > 65535 || ((krange == nullptr) != (flag == nullptr)))
     return 1;
   const CUtensorMapSwizzle qk_swz = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const uint64_t ud = d, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
@@ -822,7 +846,7 @@ extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const voi
   if (!rc) rc = make_map(&mv, v8, 3, v_dims, v_str, v_box, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!rc) rc = make_map(&ms, ks, 3, s_dims, s_str, s_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
-  Params p{qs, vs, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
+  Params p{qs, vs, krange, flag, want, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (d == 128)
     return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, ms, p, b, causal, st)

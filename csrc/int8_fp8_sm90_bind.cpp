@@ -8,7 +8,8 @@
 extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const void* k8, long long ldk, const float* ks,
                                       long long ldks, const void* v8, const float* vs, void* out, int out_fp16,
                                       int b, int hq, int hkv, int lq, int lk, int d, long long ldv, long long sob,
-                                      long long soh, long long son, float c, int causal, int coff, void* stream);
+                                      long long soh, long long son, float c, int causal, int coff,
+                                      const int* krange, const int* flag, int want, void* stream);
 
 namespace {
 
@@ -22,10 +23,12 @@ void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* n
 // q8 (B, Hq, Lq, D) int8, qs (B, Hq, Lq), k8 (B, Hkv, ldk, D) int8 (ldk >= Lk a multiple of 4, zero rows past Lk), ks (B, Hkv, ldks) with ldks >= Lk a
 // multiple of 4, v8 (B, Hkv, D, ldv) e4m3 with ldv >= Lk a multiple of 16, vs (B, Hkv, D); out: (B, Hq, Lq, D) values at strides
 // (sob, soh, son, 1), bf16 or fp16. c = softmax scale * log2(e); causal: key n seen by query m iff
-// n <= m + coff.
+// n <= m + coff. Key-range masks (both or neither): krange (B, 2) int32, each batch's visible keys
+// [first, end); flag int32[1]: the kernel runs only where flag[0] == want (read on the device).
 void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& ks,
          const at::Tensor& v8, const at::Tensor& vs, at::Tensor& out, int64_t lk, double c, bool causal,
-         int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+         int64_t coff, int64_t sob, int64_t soh, int64_t son, const c10::optional<at::Tensor>& krange,
+         const c10::optional<at::Tensor>& flag, int64_t want) {
   check(q8, at::kChar, 4, "q8");
   check(k8, at::kChar, 4, "k8");
   check(v8, at::kFloat8_e4m3fn, 4, "v8");
@@ -39,13 +42,24 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
   const int64_t hkv = k8.size(1);
   TORCH_CHECK(k8.size(2) >= lk && k8.size(2) % 4 == 0 && v8.size(2) == d && v8.size(3) >= lk && ks.size(2) >= lk,
               "sage_compile sm90 int8_fp8: shapes");
+  TORCH_CHECK(krange.has_value() == flag.has_value(), "sage_compile sm90 int8_fp8: krange and flag go together");
+  const int* kr = nullptr;
+  const int* fl = nullptr;
+  if (krange.has_value()) {
+    check(*krange, at::kInt, 2, "krange");
+    check(*flag, at::kInt, 1, "flag");
+    TORCH_CHECK(krange->size(0) == q8.size(0) && krange->size(1) == 2 && flag->numel() == 1,
+                "sage_compile sm90 int8_fp8: krange must be (B, 2), flag one element");
+    kr = krange->data_ptr<int>();
+    fl = flag->data_ptr<int>();
+  }
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_fp8_sm90_fwd(
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), k8.size(2), ks.data_ptr<float>(), ks.size(2), v8.data_ptr(),
       vs.data_ptr<float>(),
       out.data_ptr(), out.scalar_type() == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
       static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), v8.size(3), sob, soh,
-      son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff),
+      son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff), kr, fl, static_cast<int>(want),
       at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_fp8 kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");

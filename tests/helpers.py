@@ -52,3 +52,18 @@ def poison_cuda_cache():
     """Fill the CUDA caching allocator's free blocks with NaN, so a kernel output it never writes cannot pass."""
     x = torch.full((1 << 28,), float("nan"), device="cuda")
     del x
+
+
+def llm_mask(b, lq, lk, pad, causal=True, side="right"):
+    """transformers-style bool mask (B, 1, Lq, Lk): bottom-right causal and/or key padding."""
+    j = torch.arange(lk)
+    keep = torch.ones(b, lk, dtype=torch.bool)
+    for i, p in enumerate(pad):
+        if p and side == "right":
+            keep[i, lk - p:] = False
+        elif p:
+            keep[i, :p] = False
+    m = keep[:, None, :].expand(b, lq, lk)
+    if causal:
+        m = m & (j[None, :] <= torch.arange(lq)[:, None] + (lk - lq))
+    return m[:, None].clone()

@@ -5,7 +5,7 @@ dispatch (``SAGE_COMPILE_INT8_FP8_CORE``) and the compiled path use it."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, outlier_inputs, poison_cuda_cache
+from helpers import cos_rel, llm_mask, outlier_inputs, poison_cuda_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -83,6 +83,102 @@ def test_cuda_core_vs_reference_and_fp32(d, causal, inputs):
     assert vs_ref <= 1e-3 and vs_tri <= 1e-3
 
 
+# key-range masks (mask_structure's flags 1 and 2): (Lq, Lk, padded keys per batch, side, causal, mask
+# shared by the queries (B, 1, 1, Lk)), the flag the mask gives
+_RANGES = {
+    "key_pad": ((1000, 1300, [0, 300], "right", False, True), 2),  # HunyuanVideo's text padding
+    "left_pad_unaligned": ((700, 1300, [0, 200], "left", False, False), 2),  # the range starts inside a tile
+    "causal_pad": ((1000, 1000, [0, 37], "right", True, False), 1),  # a training batch
+    "causal_left_kv": ((300, 1300, [0, 517], "left", True, False), 1),  # generation, KV cache, bottom-right
+}
+
+
+@needs_sm90
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", list(_RANGES))
+def test_cuda_core_key_ranges(d, case, monkeypatch):
+    """Key-range masks run on the CUDA core: its launch for the mask's flag writes every element (vs the
+    reference, the Triton core and exact attention), a launch for another flag touches nothing, and the op
+    serves the mask with the CUDA core."""
+    KQ, KA, KC = _mods()
+    from sage_compile.kernels._common import bhn_strides
+    from sage_compile.reference import int8_fp8 as R
+
+    (lq, lk, pad, side, causal, shared), want = _RANGES[case]
+    b, hq, hkv = 2, 8, 2
+    g = torch.Generator().manual_seed(d + lq)
+    q, k, v = torch.randn(b, hq, lq, d, generator=g), torch.randn(b, hkv, lk, d, generator=g), torch.randn(
+        b, hkv, lk, d, generator=g)
+    q, k, v = (t.cuda() for t in (q, k, v))
+    mask = llm_mask(b, lq, lk, pad, causal=causal, side=side)
+    if shared:
+        mask = mask[:, :, -1:]  # (B, 1, 1, Lk)
+    mask = mask.cuda()
+    qt = KQ.quantize(q.bfloat16(), k.bfloat16(), v.bfloat16(), "HND", True)
+    flag, krange = KA.mask_structure(mask.view(torch.uint8).expand(b, hq, lq, lk), lq, lk)
+    assert flag.item() == want
+    ref = R.attention(*qt, mask, "none", None, "HND", torch.bfloat16).float()
+    tri = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16, config={"BLOCK_M": 64}).float()
+    mode = "bottom_right" if want == 1 else "none"
+    outs = {}
+    for w in (1, 2):
+        poison_cuda_cache()
+        outs[w] = torch.full((b, hq, lq, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+        KC.attention(*qt, mode, None, outs[w], bhn_strides(outs[w], "HND"), krange=krange, flag=flag, want=w)
+    assert torch.isnan(outs[3 - want]).all()  # the other flag's launch left at once
+    out = outs[want].float()
+    assert torch.isfinite(out).all()
+    rep = lambda t: t.repeat_interleave(hq // hkv, dim=1)  # noqa: E731
+    keep = mask.expand(b, 1, lq, lk)
+    exact = F.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=keep)
+    seen = keep.any(-1, keepdim=True)  # rows that see no key: 0 from our cores, NaN from SDPA
+    exact = torch.where(seen, exact, 0.0)
+    assert (out[~seen.expand_as(out)] == 0).all()
+    kc, kl = cos_rel(out, exact)
+    rc, rl = cos_rel(ref, exact)
+    vs_ref, vs_tri = cos_rel(out, ref)[1], cos_rel(out, tri)[1]
+    print(f"\nd={d} {case}: cuda cos {kc:.5f} rel-L1 {kl:.4f} | reference {rc:.5f} / {rl:.4f} | "
+          f"cuda-vs-ref {vs_ref:.2e} cuda-vs-triton {vs_tri:.2e}")
+    assert kl <= 1.1 * rl and (1 - kc) <= 1.1 * (1 - rc) + 1e-6
+    assert vs_ref <= 1e-3 and vs_tri <= 1e-3
+    # through the op's dispatch: the CUDA core serves (its launches for both possible flags where the mask
+    # varies along the queries), the result is the one above
+    calls = []
+    real = KC.attention
+    monkeypatch.setattr(KC, "attention", lambda *a, **kw: calls.append(kw.get("want")) or real(*a, **kw))
+    monkeypatch.setenv("SAGE_COMPILE_INT8_FP8_CORE", "cuda")
+    got = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16).float()
+    assert calls == ([2] if shared else [2, 1])
+    assert torch.equal(got, out)
+
+
+@needs_sm90
+@pytest.mark.parametrize("d", [64, 128])
+def test_other_masks_beside_the_cuda_core_read_the_mask(d, monkeypatch):
+    """A bool mask of no key-range structure (flag 0) under the CUDA core's dispatch: its key-range
+    launches leave at once and the Triton launch reading the mask writes the whole output."""
+    KQ, KA, KC = _mods()
+    from sage_compile.reference import int8_fp8 as R
+
+    b, hq, lq, lk = 2, 4, 700, 900
+    g = torch.Generator().manual_seed(d)
+    q, k, v = (torch.randn(b, hq, n, d, generator=g).cuda().bfloat16() for n in (lq, lk, lk))
+    mask = llm_mask(b, lq, lk, [0, 100])
+    mask[1, 0, 500, 3] = False  # one masked key inside the range: flag 0
+    mask = mask.cuda()
+    qt = KQ.quantize(q, k, v, "HND", True)
+    assert KA.mask_structure(mask.view(torch.uint8).expand(b, hq, lq, lk), lq, lk)[0].item() == 0
+    calls = []
+    real = KC.attention
+    monkeypatch.setattr(KC, "attention", lambda *a, **kw: calls.append(kw.get("want")) or real(*a, **kw))
+    monkeypatch.setenv("SAGE_COMPILE_INT8_FP8_CORE", "cuda")
+    poison_cuda_cache()
+    out = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16).float()
+    assert calls == [2, 1]
+    ref = R.attention(*qt, mask, "none", None, "HND", torch.bfloat16).float()
+    assert torch.isfinite(out).all() and cos_rel(out, ref)[1] <= 1e-3
+
+
 @needs_sm90
 @pytest.mark.parametrize("case", ["lk_odd", "tiny", "one_query", "lq_gt_lk_bottom_right", "nhd_fp16", "scale"])
 def test_cuda_core_shapes(case):
@@ -119,7 +215,7 @@ def test_cuda_core_shapes(case):
 @needs_sm90
 @pytest.mark.parametrize("core", ["cuda", "auto", "triton"])
 def test_dispatch_through_the_op(core, monkeypatch):
-    """The op runs the CUDA core when told (and when auto measures it faster); masks stay on Triton."""
+    """The op runs the CUDA core when told (and when auto measures it faster); general masks run Triton."""
     import sage_compile
     _, _, KC = _mods()
 
@@ -138,8 +234,13 @@ def test_dispatch_through_the_op(core, monkeypatch):
         assert not calls
     n = len(calls)
     mask = torch.rand(2, 1, 2048, 2048, generator=g).cuda() > 0.3
-    sage_compile.attention(q, k, v, attn_mask=mask, scheme="int8_fp8")
-    assert len(calls) == n  # masks stay on the Triton core (auto times nothing for them)
+    masked = sage_compile.attention(q, k, v, attn_mask=mask, scheme="int8_fp8")
+    # a mask of no key-range structure: the CUDA core's launches (under cuda / auto) leave at once and the
+    # Triton core reads the mask
+    serves = core == "cuda" or (core == "auto" and KC.known_choice(q, k, "none") is not False)
+    assert len(calls) == (n + 2 if serves else n)
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    assert cos_rel(masked.float(), exact)[0] >= 0.999
 
 
 def test_unsupported_reasons():

@@ -4,7 +4,7 @@ import os
 
 import pytest
 import torch
-from helpers import bits
+from helpers import bits, llm_mask
 
 if torch.cuda.is_available():
     pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_int8_fp8_gpu.py)", allow_module_level=True)
@@ -169,21 +169,6 @@ def test_prologue_with_channel_rescale_bit_identical():
         assert torch.equal(a, b)
 
 
-def _llm_mask(b, lq, lk, pad, causal=True, side="right"):
-    """transformers-style bool mask (B, 1, Lq, Lk): bottom-right causal and/or key padding."""
-    j = torch.arange(lk)
-    keep = torch.ones(b, lk, dtype=torch.bool)
-    for i, p in enumerate(pad):
-        if p and side == "right":
-            keep[i, lk - p:] = False
-        elif p:
-            keep[i, :p] = False
-    m = keep[:, None, :].expand(b, lq, lk)
-    if causal:
-        m = m & (j[None, :] <= torch.arange(lq)[:, None] + (lk - lq))
-    return m[:, None].clone()
-
-
 @pytest.mark.parametrize("case,flag", [
     (dict(lq=150, lk=150, pad=[0, 37]), 1),  # causal + right padding (training batch)
     (dict(lq=150, lk=150, pad=[130, 5], side="left"), 1),  # causal + left padding (generation)
@@ -194,7 +179,7 @@ def _llm_mask(b, lq, lk, pad, causal=True, side="right"):
 def test_llm_masks_take_the_structured_path(case, flag):
     b = len(case["pad"])
     qt = KQ.quantize(*_inputs(b=b, lq=case["lq"], lk=case["lk"]))
-    mask = _llm_mask(b, **case)
+    mask = llm_mask(b, **case)
     f, _ = KA.mask_structure(mask.view(torch.uint8).expand(b, 4, case["lq"], case["lk"]), case["lq"], case["lk"])
     assert f.item() == flag
     fast = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64))
@@ -207,7 +192,7 @@ def test_llm_masks_take_the_structured_path(case, flag):
 @pytest.mark.parametrize("bad", ["hole", "top_left_offset", "per_head"])
 def test_other_bool_masks_are_read(bad):
     lq, lk = 150, 130
-    mask = _llm_mask(2, lq, lk, [0, 10])
+    mask = llm_mask(2, lq, lk, [0, 10])
     if bad == "hole":
         mask[1, 0, 100, 3] = False  # one masked key inside the range
     if bad == "top_left_offset":
@@ -222,6 +207,24 @@ def test_other_bool_masks_are_read(bad):
     out = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64))
     ref = R.attention(*qt, mask, "none", None, "HND", torch.float32)
     assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
+
+
+@pytest.mark.parametrize("hole", [False, True])
+def test_general_mask_launch_serves_flag_zero_alone(hole):
+    """The Triton launch that runs beside the CUDA core's key-range launches (``general_only``) leaves the
+    output untouched under a key-range structure and writes all of it for any other mask."""
+    lq, lk = 150, 130
+    mask = llm_mask(2, lq, lk, [0, 10])
+    if hole:
+        mask[1, 0, 100, 3] = False  # flag 0
+    qt = KQ.quantize(*_inputs(b=2, lq=lq, lk=lk))
+    out = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64), general_only=True)
+    if not hole:
+        assert torch.isnan(out).all()
+    else:
+        ref = R.attention(*qt, mask, "none", None, "HND", torch.float32)
+        assert torch.isfinite(out).all()
+        assert ((out - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
 
 
 @pytest.mark.parametrize("cfg", [dict(PV=1), dict(PV=1, num_warps=8)])

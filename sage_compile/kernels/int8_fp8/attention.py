@@ -113,7 +113,10 @@ def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, FLAG, KRANGE, OUT, c,
               H, GROUP, LQ, LK, D: tl.constexpr,
               CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, P_OFF: tl.constexpr, EMULATE: tl.constexpr, WS: tl.constexpr,
-              PV: tl.constexpr):
+              PV: tl.constexpr, GENERAL_ONLY: tl.constexpr):
+    if GENERAL_ONLY:  # FLAG from mask_structure: other launches (the CUDA core) serve flags 1 and 2
+        if tl.load(FLAG) != 0:
+            return
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -208,16 +211,20 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
 
 def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
               layout: str, out_dtype: torch.dtype, config: Optional[dict] = None,
-              detect_mask: bool = True) -> torch.Tensor:
+              detect_mask: bool = True, general_only: bool = False) -> torch.Tensor:
     """Same contract as :func:`sage_compile.reference.int8_fp8.attention` (inputs from ``quantize``).
 
-    Calls without a mask, at head dim 64/128 with a bf16/fp16 output, may run the CUDA sm90 core
-    (:mod:`.cuda`, chosen by :func:`sage_compile.config.int8_fp8_core`); everything else runs here.
-    A bool mask shared by the heads is checked on the device (:func:`mask_structure`): causal + key
-    padding or key padding alone runs the causal / key-range path (skipped tiles, no mask reads);
+    Calls at head dim 64/128 with a bf16/fp16 output, without a mask or with a bool mask of
+    :func:`mask_structure`'s, may run the CUDA sm90 core (:mod:`.cuda`, chosen by
+    :func:`sage_compile.config.int8_fp8_core`); everything else runs here. A bool mask shared by the heads
+    is checked on the device (:func:`mask_structure`): causal + key padding or key padding alone runs the
+    causal / key-range path (skipped tiles, no mask reads; on the CUDA core where it serves, with this
+    core's launch for any other mask doing nothing unless the device-side check says so);
     ``detect_mask=False`` forces reading the mask. ``config`` (``BLOCK_M``, ``BLOCK_N``, ``WS`` (warp
     specialisation), ``PV`` (0: max_num_imprecise_acc, 1: fresh accumulator), ``num_warps``,
-    ``num_stages``) bypasses autotuning and the CUDA core (tests, interpreter, tuning)."""
+    ``num_stages``) bypasses autotuning and the CUDA core (tests, interpreter, tuning). ``general_only``
+    (tests): with a structured mask, only the Triton launch that serves ``mask_structure``'s flag 0 runs,
+    into a NaN-filled output (which it leaves as is under flags 1 and 2)."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     if d > 256:
@@ -234,27 +241,54 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     block_d = max(32, triton.next_power_of_2(d))
     args = (q8, qs, k8, ks, v8, vs, mask, flag, krange, out, c, q8.stride(0), q8.stride(1), k8.stride(0),
             k8.stride(1), v8.stride(0), v8.stride(1), v8.stride(2), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8)
+    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8,
+                GENERAL_ONLY=False)
+
+    def run_body(cfg, **over):
+        bm = cfg["BLOCK_M"]
+        tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
+        tune.update({k: v for k, v in cfg.items() if k != "BLOCK_M"})
+        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **{**meta, **over}, BLOCK_M=bm, **tune)
 
     def run_triton():
         if config is not None:
-            bm = config["BLOCK_M"]
-            tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
-            tune.update({k: v for k, v in config.items() if k != "BLOCK_M"})
-            _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, **tune)
+            run_body(config)
         else:
             _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
         return out
 
+    # any mask but mask_structure's (flag 0): the Triton core reading it, one fixed configuration (no
+    # autotuning for a launch that usually does nothing), beside the CUDA core's key-range launches
+    general = dict(BLOCK_M=128, num_warps=8, num_stages=3) if config is None else config
+    if general_only and kind == 3:
+        out.fill_(float("nan"))
+        run_body(general, MASK_KIND=1, GENERAL_ONLY=True)
+        return out
+
+    def run_ranged():
+        """A mask of ``mask_structure``'s (kind 3) without a host sync: one launch per possible flag, each
+        leaving at once unless the device-side flag is its own; every output element is written once."""
+        cuda.attention(q8, qs, k8, ks, v8, vs, "none", scale, out, (sob, soh, son), krange=krange, flag=flag,
+                       want=2)  # key range alone
+        if ms[2] != 0:  # the mask varies along the queries: it may be causal (bottom-right) + key range
+            cuda.attention(q8, qs, k8, ks, v8, vs, "bottom_right", scale, out, (sob, soh, son), krange=krange,
+                           flag=flag, want=1)
+        run_body(general, MASK_KIND=1, GENERAL_ONLY=True)
+        return out
+
     core = int8_fp8_core()
     if config is None and core != "triton" and not EMULATE_FP8:
-        why = cuda.unsupported(q8, k8, attn_mask, out_dtype, scale)
+        ranged = kind == 3
+        why = cuda.unsupported(q8, k8, None if ranged else attn_mask, out_dtype, scale)
         if why is None:
             def run_cuda():
                 return cuda.attention(q8, qs, k8, ks, v8, vs, causal, scale, out, (sob, soh, son))
 
             try:
-                if core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
+                if ranged:  # the unmasked shape's measured choice where there is one, else the CUDA core
+                    if core == "cuda" or cuda.known_choice(q8, k8, causal) is not False:
+                        return run_ranged()
+                elif core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
                     return run_cuda()
             except RuntimeError as e:  # the launcher refused (a TORCH_CHECK): the Triton core serves
                 cuda.note_failure(e)

@@ -52,6 +52,7 @@ _state: dict = fresh_state()
 _prebuild: dict = {"thread": None}
 _PREBUILD_THREAD = "sage_compile-cuda-build"
 _choice: dict = {}
+_unmeasured: set = set()
 _failures: set = set()
 
 
@@ -156,7 +157,7 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Te
     if scale is not None and not float(scale) > 0:
         return f"softmax scale {scale} (the CUDA core folds a positive row scale into the exp argument)"
     if attn_mask is not None:
-        return "masks run on the Triton core"
+        return "masks other than key ranges (with or without bottom-right causal) run on the Triton core"
     if q8.shape[-1] not in (64, 128):
         return f"head_dim {q8.shape[-1]} (the CUDA core has 64 and 128)"
     if out_dtype not in (torch.bfloat16, torch.float16):
@@ -169,10 +170,16 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Te
 
 
 def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: torch.Tensor,
-              out_strides: tuple, module=None) -> torch.Tensor:
+              out_strides: tuple, module=None, krange: Optional[torch.Tensor] = None,
+              flag: Optional[torch.Tensor] = None, want: int = 0) -> torch.Tensor:
     """Run the CUDA core into ``out`` (values at ``out_strides`` = (batch, head, token) strides, channel
     stride 1). Inputs as :func:`sage_compile.kernels.int8_fp8.quantize.quantize` returns them (HND);
-    ``causal`` in none / top_left / bottom_right; ``module``: a :func:`build` of other knobs (benchmarks)."""
+    ``causal`` in none / top_left / bottom_right; ``module``: a :func:`build` of other knobs (benchmarks).
+
+    Key-range masks (``krange`` and ``flag`` together, as
+    :func:`sage_compile.kernels.int8_fp8.attention.mask_structure` makes them on the device): batch ``b``
+    sees keys ``[krange[b, 0], krange[b, 1])`` only, and the kernel runs only where ``flag[0] == want``
+    (read on the device: every CTA of a launch with another flag leaves at once and ``out`` is untouched)."""
     mod = load() if module is None else module
     lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
@@ -185,7 +192,7 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
         ks, k8 = pad_tokens(ks, 4), pad_tokens(k8, 4)
     coff = 0 if causal == "top_left" else lk - lq
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
-            out, lk, c, causal != "none", coff, *out_strides)
+            out, lk, c, causal != "none", coff, *out_strides, krange, flag, want)
     return out
 
 
@@ -285,6 +292,20 @@ def _save_choice(scope: str, key: str, cuda_wins: bool) -> None:
         os.replace(tmp, path)
     except OSError as e:  # a read-only home: the choice stays in this process only
         log.debug("sage_compile: cannot write %s (%s)", path, e)
+
+
+def known_choice(q8, k8, causal: str) -> Optional[bool]:
+    """The choice :func:`prefer_cuda` made (in this process or on disk) for this shape bucket, None where
+    none was measured; timing nothing."""
+    key = _bucket(q8, k8, causal)
+    if key not in _choice and key not in _unmeasured:
+        disk, _ = _disk_choices(q8.device)
+        got = disk.get(repr(key[:-1]))
+        if isinstance(got, bool):
+            _choice[key] = got
+        else:
+            _unmeasured.add(key)  # (read the disk once per process; prefer_cuda may fill _choice later)
+    return _choice.get(key)
 
 
 def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton) -> bool:

@@ -1,0 +1,110 @@
+"""Attention with the bool masks models build (key padding; causal + key padding), the ``int8_fp8`` op on
+each core, beside SDPA with the same mask, in one process:
+
+    python benchmarks/bench_masks.py --out benchmarks/results/masks_<run>.json
+
+Cases: ``hunyuan`` = HunyuanVideo's attention (24 heads x 128, 32,640 video + 256 text tokens, the last 56
+text tokens padding: a (B, 1, 1, N) key mask), ``llm`` = a padded causal batch as transformers builds it
+((B, 1, N, N) bool, bottom-right causal, each row padded on the right by a different amount), ``hd64`` =
+the key mask at head dim 64. Variants: ``sdpa`` (the backend torch picks for a bool mask), ``sdpa_cudnn``
+where cuDNN takes the mask, ``sage_triton`` / ``sage_cuda`` (the op with ``SAGE_COMPILE_INT8_FP8_CORE``
+triton / cuda: the prologue, the device-side mask check and the core), and ``sage_cuda_nomask`` (the same
+op without the mask: what the mask costs). Per case and variant: ms (``do_bench`` median) and the
+output's cos / rel-L1 vs fp32 SDPA with the mask.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit, write_records  # noqa: E402
+
+CASES = {  # name: (batch, heads, tokens, head dim, padded keys per batch element, causal)
+    "hunyuan": (1, 24, 32896, 128, [56], False),
+    "llm": (4, 16, 4096, 128, [0, 500, 1000, 1500], True),
+    "hd64": (2, 24, 16384, 64, [0, 1000], False),
+}
+
+
+def make_mask(b, n, pad, causal, device):
+    keep = torch.ones(b, n, dtype=torch.bool, device=device)
+    for i, p in enumerate(pad):
+        if p:
+            keep[i, n - p:] = False
+    if not causal:
+        return keep[:, None, None, :]
+    return (keep[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=device).tril()[None])[:, None]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--out", default="benchmarks/results/masks.json")
+    a = ap.parse_args()
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    import sage_compile
+
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
+                inputs="gaussian", variant="forward")
+    recs = []
+    for name in a.cases.split(","):
+        b, h, n, d, pad, causal = CASES[name]
+        pad = (pad * b)[:b]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+        mask = make_mask(b, n, pad, causal, "cuda")
+        exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+
+        def sage(core, m=mask):
+            def run():
+                os.environ["SAGE_COMPILE_INT8_FP8_CORE"] = core
+                return sage_compile.attention(q, k, v, attn_mask=m, scheme="int8_fp8")
+            return run
+
+        def sdpa(backend=None):
+            def run():
+                if backend is None:
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return run
+
+        variants = {"sdpa": sdpa(), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sage_triton": sage("triton"),
+                    "sage_cuda": sage("cuda"), "sage_cuda_nomask": sage("cuda", None)}
+        for var, fn in variants.items():
+            try:
+                out = fn().float()
+                ms = do_bench(fn, warmup=25, rep=200)
+            except RuntimeError as e:
+                print(f"{name} {var}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                continue
+            if var.endswith("nomask"):
+                cos = rel = None
+            else:
+                o, r = out.double().flatten(), exact.double().flatten()
+                cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+                rel = ((o - r).abs().sum() / r.abs().sum()).item()
+            note = f"B={b} H={h} N={n} D={d} pad={pad} causal={causal}"
+            recs.append(dict(meta, model=name, kernel=var, metric="ms", value=ms, note=note))
+            if cos is not None:
+                recs += [dict(meta, model=name, kernel=var, metric="cos", value=cos, note=note),
+                         dict(meta, model=name, kernel=var, metric="rel_l1", value=rel, note=note)]
+            acc = "" if cos is None else f"  cos {cos:.5f} rel-L1 {rel:.4f}"
+            print(f"{name:8s} {var:17s} {ms:8.3f} ms{acc}", flush=True)
+        os.environ.pop("SAGE_COMPILE_INT8_FP8_CORE", None)
+    write_records(a.out, recs)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
