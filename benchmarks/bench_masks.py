@@ -10,7 +10,9 @@ the key mask at head dim 64. Variants: ``sdpa`` (the backend torch picks for a b
 where cuDNN takes the mask, ``sage_triton`` / ``sage_cuda`` (the op with ``SAGE_COMPILE_INT8_FP8_CORE``
 triton / cuda: the prologue, the device-side mask check and the core), and ``sage_cuda_nomask`` (the same
 op without the mask: what the mask costs). Per case and variant: ms (``do_bench`` median) and the
-output's cos / rel-L1 vs fp32 SDPA with the mask.
+output's cos / rel-L1 vs fp32 SDPA with the mask. ``--breakdown`` adds the op's pieces timed alone
+(``piece:<name>``): the device-side mask check, the prologue, the CUDA core with the mask's key ranges, a
+CUDA launch for the other flag (it leaves at once), the CUDA core without the mask.
 """
 from __future__ import annotations
 
@@ -42,10 +44,37 @@ def make_mask(b, n, pad, causal, device):
     return (keep[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=device).tril()[None])[:, None]
 
 
+def breakdown(q, k, v, mask) -> dict:
+    """ms of the op's pieces alone (``do_bench``) on (B, H, N, D) bf16 q/k/v and a bool mask."""
+    from triton.testing import do_bench
+
+    from sage_compile.kernels._common import bhn_strides
+    from sage_compile.kernels.int8_fp8 import attention as KA
+    from sage_compile.kernels.int8_fp8 import cuda as KC
+    from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+    b, h, n, _ = q.shape
+    m8 = mask.view(torch.uint8).expand(b, h, n, n)
+    flag, krange = KA.mask_structure(m8, n, n)
+    want = int(flag.item())
+    qt = KQ.quantize(q, k, v, "HND", True)
+    out = torch.empty_like(q)
+    st = bhn_strides(out, "HND")
+    mode = "bottom_right" if want == 1 else "none"
+    pieces = {"mask_structure": lambda: KA.mask_structure(m8, n, n),
+              "prologue": lambda: KQ.quantize(q, k, v, "HND", True),
+              "cuda_core_masked": lambda: KC.attention(*qt, mode, None, out, st, krange=krange, flag=flag, want=want),
+              "cuda_launch_other_flag": lambda: KC.attention(*qt, mode, None, out, st, krange=krange, flag=flag,
+                                                             want=3 - want),
+              "cuda_core_nomask": lambda: KC.attention(*qt, "none", None, out, st)}
+    return {name: do_bench(fn, warmup=25, rep=200) for name, fn in pieces.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", default="benchmarks/results/masks.json")
+    ap.add_argument("--breakdown", action="store_true")
     a = ap.parse_args()
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,6 +93,7 @@ def main():
         q, k, v = (torch.randn(b, h, n, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
         mask = make_mask(b, n, pad, causal, "cuda")
         exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+        note = f"B={b} H={h} N={n} D={d} pad={pad} causal={causal}"
 
         def sage(core, m=mask):
             def run():
@@ -94,7 +124,6 @@ def main():
                 o, r = out.double().flatten(), exact.double().flatten()
                 cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
                 rel = ((o - r).abs().sum() / r.abs().sum()).item()
-            note = f"B={b} H={h} N={n} D={d} pad={pad} causal={causal}"
             recs.append(dict(meta, model=name, kernel=var, metric="ms", value=ms, note=note))
             if cos is not None:
                 recs += [dict(meta, model=name, kernel=var, metric="cos", value=cos, note=note),
@@ -102,6 +131,10 @@ def main():
             acc = "" if cos is None else f"  cos {cos:.5f} rel-L1 {rel:.4f}"
             print(f"{name:8s} {var:17s} {ms:8.3f} ms{acc}", flush=True)
         os.environ.pop("SAGE_COMPILE_INT8_FP8_CORE", None)
+        if a.breakdown:
+            for piece, ms in breakdown(q, k, v, mask).items():
+                recs.append(dict(meta, model=name, kernel=f"piece:{piece}", metric="ms", value=ms, note=note))
+                print(f"{name:8s} {'piece:' + piece:28s} {ms:8.3f} ms", flush=True)
     write_records(a.out, recs)
     print("wrote", a.out)
 

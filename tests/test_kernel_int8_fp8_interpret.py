@@ -189,6 +189,26 @@ def test_llm_masks_take_the_structured_path(case, flag):
     assert ((fast - ref).abs().sum() / ref.abs().sum()).item() < 1e-4
 
 
+@pytest.mark.parametrize("row,flag", [("right_pad", 2), ("both_ends", 2), ("hole", 0), ("none_kept", 0)])
+def test_key_masks_are_checked_on_their_one_row(row, flag):
+    """A key mask shared by all queries ((B, 1, 1, Lk)) is checked on its row alone: the same flag and
+    key ranges as the full check of the same mask materialized over the queries."""
+    b, lq, lk = 2, 150, 130
+    keep = torch.ones(b, lk, dtype=torch.bool)
+    keep[1, 100:] = False
+    if row == "both_ends":
+        keep[0, :7] = False
+    if row == "hole":
+        keep[0, 50] = False
+    if row == "none_kept":
+        keep[1] = False
+    shared = keep[:, None, None, :]
+    got = KA.mask_structure(shared.view(torch.uint8).expand(b, 4, lq, lk), lq, lk)
+    full = KA.mask_structure(shared.expand(b, 1, lq, lk).clone().view(torch.uint8).expand(b, 4, lq, lk), lq, lk)
+    assert got[0].item() == full[0].item() == flag
+    assert torch.equal(got[1], full[1])
+
+
 @pytest.mark.parametrize("bad", ["hole", "top_left_offset", "per_head"])
 def test_other_bool_masks_are_read(bad):
     lq, lk = 150, 130

@@ -201,6 +201,11 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     first = last.to(torch.int32).argmax(1)
     end = lk - last.flip(1).to(torch.int32).argmax(1)
     krange = torch.stack([first, end], 1).to(torch.int32).contiguous()
+    if mask.stride(2) == 0 or lq == 1:  # one row for all queries (a key mask, (B, 1, 1, Lk)): a key range
+        # iff the row's kept keys are contiguous (flag 2; 1 cannot come first), checked on that row alone
+        # instead of on Lq copies of it
+        contiguous = (last.sum(1) == end - first).all()
+        return torch.where(contiguous, 2, 0).to(torch.int32).reshape(1), krange
     bad = torch.zeros(2, dtype=torch.int32, device=mask.device)
     bq, bk = 32, 256
     _mask_mismatch[(triton.cdiv(lq, bq), triton.cdiv(lk, bk), mask.shape[0])](
