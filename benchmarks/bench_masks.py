@@ -12,7 +12,9 @@ triton / cuda: the prologue, the device-side mask check and the core), and ``sag
 op without the mask: what the mask costs). Per case and variant: ms (``do_bench`` median) and the
 output's cos / rel-L1 vs fp32 SDPA with the mask. ``--breakdown`` adds the op's pieces timed alone
 (``piece:<name>``): the device-side mask check, the prologue, the CUDA core with the mask's key ranges, a
-CUDA launch for the other flag (it leaves at once), the CUDA core without the mask.
+CUDA launch for the other flag (it leaves at once), the CUDA core without the mask; ``--builds`` times the
+two CUDA pieces again on other builds of the kernel (``;``-separated nvcc flag sets, e.g.
+``-DSAGE_KRLOOP=1;-DSAGE_KRLOOP=2``: ``piece:cuda_core_masked@<flags>``).
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ def make_mask(b, n, pad, causal, device):
     return (keep[:, None, :] & torch.ones(n, n, dtype=torch.bool, device=device).tril()[None])[:, None]
 
 
-def breakdown(q, k, v, mask) -> dict:
-    """ms of the op's pieces alone (``do_bench``) on (B, H, N, D) bf16 q/k/v and a bool mask."""
+def breakdown(q, k, v, mask, builds=()) -> dict:
+    """ms of the op's pieces alone (``do_bench``) on (B, H, N, D) bf16 q/k/v and a bool mask; the CUDA core's
+    again for each ``builds`` flag set."""
     from triton.testing import do_bench
 
     from sage_compile.kernels._common import bhn_strides
@@ -67,7 +70,23 @@ def breakdown(q, k, v, mask) -> dict:
               "cuda_launch_other_flag": lambda: KC.attention(*qt, mode, None, out, st, krange=krange, flag=flag,
                                                              want=3 - want),
               "cuda_core_nomask": lambda: KC.attention(*qt, "none", None, out, st)}
+    for flags in builds:
+        mod = _build(flags)
+        pieces[f"cuda_core_masked@{flags}"] = lambda m=mod: KC.attention(*qt, mode, None, out, st, module=m,
+                                                                         krange=krange, flag=flag, want=want)
+        pieces[f"cuda_core_nomask@{flags}"] = lambda m=mod: KC.attention(*qt, "none", None, out, st, module=m)
     return {name: do_bench(fn, warmup=25, rep=200) for name, fn in pieces.items()}
+
+
+_BUILDS: dict = {}
+
+
+def _build(flags: str):
+    from sage_compile.kernels.int8_fp8 import cuda as KC
+
+    if flags not in _BUILDS:
+        _BUILDS[flags] = KC.build(tuple(flags.split()))
+    return _BUILDS[flags]
 
 
 def main():
@@ -75,6 +94,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--out", default="benchmarks/results/masks.json")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--builds", default="")
     a = ap.parse_args()
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -132,7 +152,7 @@ def main():
             print(f"{name:8s} {var:17s} {ms:8.3f} ms{acc}", flush=True)
         os.environ.pop("SAGE_COMPILE_INT8_FP8_CORE", None)
         if a.breakdown:
-            for piece, ms in breakdown(q, k, v, mask).items():
+            for piece, ms in breakdown(q, k, v, mask, [f for f in a.builds.split(";") if f]).items():
                 recs.append(dict(meta, model=name, kernel=f"piece:{piece}", metric="ms", value=ms, note=note))
                 print(f"{name:8s} {'piece:' + piece:28s} {ms:8.3f} ms", flush=True)
     write_records(a.out, recs)

@@ -92,6 +92,14 @@
 #define SAGE_EDGELOOP 1
 #endif
 
+// SAGE_KRLOOP (the key-range kernels' tile loops, non-causal): 0 a masked first tile where the range starts
+// inside one, then the full tiles' loop and the masked tiles' loop (three tile bodies); 1 the same order
+// with two bodies (an outer loop over masked / full segments); 2 one loop with the mask under a runtime
+// test (as the causal kernels).
+#ifndef SAGE_KRLOOP
+#define SAGE_KRLOOP 0
+#endif
+
 namespace sage_sm90 {
 
 constexpr int kBN = 128;            // keys per tile (the numerics' tile: P's scale follows the max per tile)
@@ -526,6 +534,19 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   }
 }
 
+// KR: the CTA's key range [x, y) as the kernel's start stored it in shared memory, read anew at each use (asm
+// volatile: not hoisted, not held in registers); otherwise [0, lk)
+template <bool KR>
+__device__ __forceinline__ int2 key_range(const int* srange, int lk) {
+  if constexpr (!KR) {
+    return make_int2(0, lk);
+  } else {
+    int2 r;
+    asm volatile("ld.shared.v2.s32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "r"(smem_u32(srange)));
+    return r;
+  }
+}
+
 // two-level accumulation: O = alpha * O + O_tile (fp32), once per tile
 template <int D>
 __device__ __forceinline__ void fold_tile(float (&o)[D / 2], const float (&ot)[D / 2], const float (&alpha)[2]) {
@@ -571,10 +592,12 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   // visible keys [klo, khi) (KR: this batch's range); the tiles j0 .. j0 + n_tiles - 1, 128-key aligned as in
   // the reference (the K scales' groups and P's per-tile scale follow those tiles)
   int klo = 0, khi = p.lk;
+  __shared__ int srange[2];  // KR: the batch's key range (a static address: no register holds it)
   if constexpr (KR) {
     const int b = bh / p.hq;
     klo = max(0, __ldg(p.krange + 2 * b));
     khi = min(p.lk, __ldg(p.krange + 2 * b + 1));
+    if (threadIdx.x == 0) srange[0] = klo, srange[1] = khi;  // (read by the masked tiles, see key_range)
   }
   int hi = khi;
   if (CAUSAL) hi = min(khi, m0 + kBM + p.coff);
@@ -667,13 +690,19 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
     // <1> it does, <2> a runtime test (SAGE_EDGELOOP's bit unset)
     auto tile = [&](int j, auto edge_c) {  // j: the CTA's j-th tile (key tile j0 + j)
+      constexpr int kEdge = decltype(edge_c)::value;
       const int s = j % STAGES;
       const uint32_t parity = (j / STAGES) & 1;
-      const int n0 = (j0 + j) * kBN;
-      const bool edge = (n0 + kBN > khi) || (KR && n0 < klo) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+      // the key range, n0 and edge matter to tiles that may need a mask only; KR reads the range from
+      // shared memory there, so that it is not held in registers across the loop of the full tiles (at hd64
+      // three more live registers changed that loop's schedule: 21 % slower, run 61)
+      int2 kr = make_int2(0, p.lk);
+      if constexpr (kEdge != 0) kr = key_range<KR>(srange, p.lk);
+      const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
+      const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, decltype(edge_c)::value>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, klo, khi,
-                                                        r0, p.coff, qsc0, qsc1, t, lane);
+      softmax_tile<CAUSAL, KR, kEdge>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0, p.coff,
+                                      qsc0, qsc1, t, lane);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -714,15 +743,25 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_arrive_one(&empty[s]);  // this warp is done with the stage
       fold_tile<D>(o, ot, alpha);
     };
-    if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0) {
+    if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0 && !(KR && SAGE_KRLOOP == 2)) {
       // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
       // the full tiles' loop carries no masking code at all
       const int vis = CAUSAL ? min(khi, wg_first + p.coff + 1) : khi;  // keys every row of the warpgroup sees
       const int n_full = min(n_tiles, vis > 0 ? vis / kBN - j0 : 0);
       int j = 0;
-      if (KR && klo % kBN != 0) tile(j++, EdgeMask<1>{});  // (n_tiles > 0 here) the range starts inside a tile
-      for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
-      for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
+      if constexpr (KR && SAGE_KRLOOP == 1) {  // masked tiles until seg, full ones until n_full, masked to the end
+        int seg = klo % kBN != 0 ? 1 : 0;
+        for (;;) {
+          for (; j < seg; ++j) tile(j, EdgeMask<1>{});
+          if (seg == n_tiles) break;
+          for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
+          seg = n_tiles;
+        }
+      } else {
+        if (KR && klo % kBN != 0) tile(j++, EdgeMask<1>{});  // (n_tiles > 0 here) the range starts inside a tile
+        for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
+        for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
+      }
     } else {
       for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
     }
