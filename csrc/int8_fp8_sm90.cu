@@ -92,12 +92,17 @@
 #define SAGE_EDGELOOP 1
 #endif
 
-// SAGE_KRLOOP (the key-range kernels' tile loops, non-causal): 0 a masked first tile where the range starts
-// inside one, then the full tiles' loop and the masked tiles' loop (three tile bodies); 1 the same order
-// with two bodies (an outer loop over masked / full segments); 2 one loop with the mask under a runtime
-// test (as the causal kernels).
-#ifndef SAGE_KRLOOP
-#define SAGE_KRLOOP 0
+// SAGE_KRLOOP64 / SAGE_KRLOOP128 (the key-range kernels' tile loops, non-causal): 0 a masked first tile where
+// the range starts inside one, then the full tiles' loop and the masked tiles' loop (three tile bodies); 1
+// the same order with two bodies (an outer loop over masked / full segments); 2 one loop with the mask under
+// a runtime test (as the causal kernels). H200, run 62 (results/masks_krloop_run62_*, core alone, key mask):
+// hd64 16K 7.54 / 6.20 / 5.82 ms (0 / 1 / 2; without the mask 6.09), hd128 HunyuanVideo 15.57 / 15.93 /
+// 16.49 ms (without the mask 15.78-16.49 across the three identical builds).
+#ifndef SAGE_KRLOOP64
+#define SAGE_KRLOOP64 2
+#endif
+#ifndef SAGE_KRLOOP128
+#define SAGE_KRLOOP128 0
 #endif
 
 namespace sage_sm90 {
@@ -569,6 +574,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
+  constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
                 "2 warpgroups, 3 without ping-pong, or 4 with split waits");
   extern __shared__ uint8_t smem_raw[];
@@ -743,13 +749,13 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_arrive_one(&empty[s]);  // this warp is done with the stage
       fold_tile<D>(o, ot, alpha);
     };
-    if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0 && !(KR && SAGE_KRLOOP == 2)) {
+    if constexpr ((SAGE_EDGELOOP & (CAUSAL ? 2 : 1)) != 0 && !(KR && kKrLoop == 2)) {
       // the tiles needing no mask first (all but the last at most, or up to the diagonal), then the rest:
       // the full tiles' loop carries no masking code at all
       const int vis = CAUSAL ? min(khi, wg_first + p.coff + 1) : khi;  // keys every row of the warpgroup sees
       const int n_full = min(n_tiles, vis > 0 ? vis / kBN - j0 : 0);
       int j = 0;
-      if constexpr (KR && SAGE_KRLOOP == 1) {  // masked tiles until seg, full ones until n_full, masked to the end
+      if constexpr (KR && kKrLoop == 1) {  // masked tiles until seg, full ones until n_full, masked to the end
         int seg = klo % kBN != 0 ? 1 : 0;
         for (;;) {
           for (; j < seg; ++j) tile(j, EdgeMask<1>{});
