@@ -35,6 +35,16 @@ def _commit():
         return None
 
 
+def gpu_meta(**extra) -> dict:
+    """The fields every GPU result record carries (conventions.md): device, torch, triton, date, commit and
+    the command line, plus ``extra``."""
+    import triton
+
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
+                **extra)
+
+
 def write_records(path, recs):
     """Write result records (conventions.md: a flat JSON list), creating the folder."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -19,7 +19,6 @@ two CUDA pieces again on other builds of the kernel (``;``-separated nvcc flag s
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit, write_records  # noqa: E402
+from bench_attention import gpu_meta, write_records  # noqa: E402
 
 CASES = {  # name: (batch, heads, tokens, head dim, padded keys per batch element, causal)
     "hunyuan": (1, 24, 32896, 128, [56], False),
@@ -96,15 +95,12 @@ def main():
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--builds", default="")
     a = ap.parse_args()
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
     import sage_compile
 
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
-                inputs="gaussian", variant="forward")
+    meta = gpu_meta(inputs="gaussian", variant="forward")
     recs = []
     for name in a.cases.split(","):
         b, h, n, d, pad, causal = CASES[name]

@@ -14,7 +14,6 @@ differ by summation order between versions, which moves a few K values by one st
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import importlib
 import os
@@ -24,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit, write_records  # noqa: E402
+from bench_attention import gpu_meta, write_records  # noqa: E402
 
 SHAPES = {  # model: (heads, head dim, extra text tokens)
     "cogvideox": (30, 64, 226),
@@ -52,9 +51,7 @@ def main():
     import triton
 
     mods = _mods()
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
-                kernel="sage_int8_fp8", inputs="gaussian", batch=1)
+    meta = gpu_meta(kernel="sage_int8_fp8", inputs="gaussian", batch=1)
     recs = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for model in a.models.split(","):

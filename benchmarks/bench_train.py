@@ -12,7 +12,6 @@ tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_attention import _commit  # noqa: E402
+from bench_attention import gpu_meta  # noqa: E402
 
 
 def main():
@@ -35,9 +34,7 @@ def main():
 
     import sage_compile
 
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                date=datetime.date.today().isoformat(), commit=_commit(), command="python " + " ".join(sys.argv),
-                inputs="gaussian", heads=16)
+    meta = gpu_meta(inputs="gaussian", heads=16)
     recs = []
     tile, split = sage_compile.Options(int8_train_psi="tile"), sage_compile.Options(int8_train_psi="split")
 
