@@ -204,15 +204,19 @@ def test_core_choice_is_cached_on_disk(monkeypatch, tmp_path):
 
     def fresh_process():
         monkeypatch.setattr(cuda, "_choice", {})
+        monkeypatch.setattr(cuda, "_unmeasured", set())
         timed.clear()
 
     fresh_process()
+    assert cuda.known_choice(*args[:3]) is None  # (masked calls: nothing measured, nothing timed)
     assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]
     data = json.loads((tmp_path / "int8_fp8_core.json").read_text())
     assert list(data) == ["H200|a"] and list(data["H200|a"].values()) == [True]
     fresh_process()
     assert cuda.prefer_cuda(*args) is True and timed == []  # read from disk, nothing timed
     assert cuda.status()["select_s"] > 0
+    fresh_process()
+    assert cuda.known_choice(*args[:3]) is True and timed == []
     scope[0] = "H200|b"  # new sources: measured again, the stale scope dropped
     fresh_process()
     assert cuda.prefer_cuda(*args) is True and timed == ["cuda", "triton"]

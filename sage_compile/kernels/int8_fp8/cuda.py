@@ -300,9 +300,11 @@ def known_choice(q8, k8, causal: str) -> Optional[bool]:
     key = _bucket(q8, k8, causal)
     if key not in _choice and key not in _unmeasured:
         disk, _ = _disk_choices(q8.device)
-        got = disk.get(repr(key[:-1]))
+        got = disk.get(repr(key[:-1]))  # (the device is the scope's)
         if isinstance(got, bool):
             _choice[key] = got
+            log.debug("sage_compile: int8_fp8 core for %s: %s (cached in %s)", key, "cuda" if got else "triton",
+                      choice_cache_path())
         else:
             _unmeasured.add(key)  # (read the disk once per process; prefer_cuda may fill _choice later)
     return _choice.get(key)
@@ -316,16 +318,10 @@ def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton) -> bool:
         if torch.cuda.is_current_stream_capturing():
             return True
         t0 = time.perf_counter()
-        disk, scope = _disk_choices(q8.device)
-        skey = repr(key[:-1])  # the device is the scope's
-        if isinstance(disk.get(skey), bool):
-            _choice[key] = disk[skey]
-            log.debug("sage_compile: int8_fp8 core for %s: %s (cached in %s)", key,
-                      "cuda" if _choice[key] else "triton", choice_cache_path())
-        else:
+        if known_choice(q8, k8, causal) is None:
             t_cuda, t_triton = _time(run_cuda), _time(run_triton)
             _choice[key] = t_cuda <= t_triton
-            _save_choice(scope, skey, _choice[key])
+            _save_choice(_cache_scope(q8.device), repr(key[:-1]), _choice[key])
             log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %.3f ms)", key,
                       "cuda" if _choice[key] else "triton", t_cuda, t_triton)
         _state["select_s"] += time.perf_counter() - t0
