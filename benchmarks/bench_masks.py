@@ -14,7 +14,7 @@ output's cos / rel-L1 vs fp32 SDPA with the mask. ``--breakdown`` adds the op's 
 (``piece:<name>``): the device-side mask check, the prologue, the CUDA core with the mask's key ranges, a
 CUDA launch for the other flag (it leaves at once), the CUDA core without the mask; ``--builds`` times the
 two CUDA pieces again on other builds of the kernel (``;``-separated nvcc flag sets, e.g.
-``--builds=-DSAGE_KRLOOP64=0;-DSAGE_KRLOOP64=1``: ``piece:cuda_core_masked@<flags>``).
+``--builds=-DSAGE_KRLOOP64=0;-DSAGE_KRLOOP128=2``: ``piece:cuda_core_masked@<flags>``).
 """
 from __future__ import annotations
 

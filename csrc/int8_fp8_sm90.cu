@@ -93,11 +93,11 @@
 #endif
 
 // SAGE_KRLOOP64 / SAGE_KRLOOP128 (the key-range kernels' tile loops, non-causal): 0 a masked first tile where
-// the range starts inside one, then the full tiles' loop and the masked tiles' loop (three tile bodies); 1
-// the same order with two bodies (an outer loop over masked / full segments); 2 one loop with the mask under
-// a runtime test (as the causal kernels). H200, run 62 (results/masks_krloop_run62_*, core alone, key mask):
-// hd64 16K 7.54 / 6.20 / 5.82 ms (0 / 1 / 2; without the mask 6.09), hd128 HunyuanVideo 15.57 / 15.93 /
-// 16.49 ms (without the mask 15.78-16.49 across the three identical builds).
+// the range starts inside one, then the full tiles' loop and the masked tiles' loop (three tile bodies); 2 one
+// loop with the mask under a runtime test (as the causal kernels). H200, run 62 (results/masks_krloop_run62_*,
+// core alone, key mask): hd64 16K 7.54 / 5.82 ms (0 / 2; without the mask 6.09), hd128 HunyuanVideo 15.57 /
+// 16.49 ms (without the mask 15.78-16.49 across identical builds). A third form, the same order as 0 with two
+// tile bodies in an outer loop over masked / full segments (1 then), took 6.20 / 15.93 ms: removed, code at 34f15af.
 #ifndef SAGE_KRLOOP64
 #define SAGE_KRLOOP64 2
 #endif
@@ -575,6 +575,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
+  static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
                 "2 warpgroups, 3 without ping-pong, or 4 with split waits");
   extern __shared__ uint8_t smem_raw[];
@@ -755,19 +756,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int vis = CAUSAL ? min(khi, wg_first + p.coff + 1) : khi;  // keys every row of the warpgroup sees
       const int n_full = min(n_tiles, vis > 0 ? vis / kBN - j0 : 0);
       int j = 0;
-      if constexpr (KR && kKrLoop == 1) {  // masked tiles until seg, full ones until n_full, masked to the end
-        int seg = klo % kBN != 0 ? 1 : 0;
-        for (;;) {
-          for (; j < seg; ++j) tile(j, EdgeMask<1>{});
-          if (seg == n_tiles) break;
-          for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
-          seg = n_tiles;
-        }
-      } else {
-        if (KR && klo % kBN != 0) tile(j++, EdgeMask<1>{});  // (n_tiles > 0 here) the range starts inside a tile
-        for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
-        for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
-      }
+      if (KR && klo % kBN != 0) tile(j++, EdgeMask<1>{});  // (n_tiles > 0 here) the range starts inside a tile
+      for (; j < n_full; ++j) tile(j, EdgeMask<0>{});
+      for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
     } else {
       for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
     }
