@@ -37,9 +37,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import _commit, write_records  # noqa: E402
 
 # attention kernels by name: SDPA's (cuDNN, flash, mem-efficient), our cores (Triton _fwd_body, CUDA
-# sage_sm90::fwd_kernel) and our prologue kernels (quantizers, channel factors, mask check)
-_ATTN = re.compile(r"sdpa|flash|fmha|attention|cudnn|_fwd_body|fwd_kernel|_quant_|_channel_factors|_mask_mismatch",
-                   re.I)
+# sage_sm90::fwd_kernel) and our prologue kernels (statistics, quantizers, mask check). Inductor's own kernels
+# (triton_poi/per/red_fused_...) never count, though it names a kernel after the SDPA node it feeds (CogVideoX's
+# QK-norm kernel is triton_per_fused__scaled_dot_product_cudnn_attention_native_layer_norm_...: 2.1 ms of a
+# step, counted as cuDNN's attention before run 64); nor do cuDNN's convolutions.
+_ATTN = re.compile(r"^(?!triton_)(.*(sdpa|flash|fmha|attention|fwd_kernel)|_fwd_|_bwd_|_quant_|_chan_stats|"
+                   r"_stats_finalize|_mask_mismatch|_delta_s|_deq|_split_reduce)", re.I)
 
 
 def build(model: str, tiny: bool, device: str, batch: int):
@@ -126,8 +129,9 @@ def build(model: str, tiny: bool, device: str, batch: int):
 
 
 # attention ops (what a step's attention costs, whatever kernels they launch: our prologue's torch
-# reductions too): our custom ops and SDPA, the outermost such op only
-_ATTN_OP = re.compile(r"^sage_compile::|scaled_dot_product", re.I)
+# reductions too): our custom ops and ATen's SDPA ops, the outermost such op only. Inductor's kernel launches
+# show as CPU events named after the kernel (triton_..._scaled_dot_product_...): not attention ops.
+_ATTN_OP = re.compile(r"^(sage_compile::|aten::_?scaled_dot_product)", re.I)
 
 
 def attention_op_ms(events) -> float:
@@ -144,10 +148,11 @@ def attention_op_ms(events) -> float:
     return ms
 
 
-def attention_share(fn, device) -> tuple[float, float, float]:
-    """(attention kernels' CUDA ms, all kernels' CUDA ms, attention ops' CUDA ms) of one call."""
+def attention_share(fn, device) -> tuple[float, float, float, dict]:
+    """(attention kernels' CUDA ms, all kernels' CUDA ms, attention ops' CUDA ms, {kernel name: [launches,
+    CUDA ms]}) of one call."""
     if device != "cuda":
-        return float("nan"), float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan"), {}
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -157,12 +162,22 @@ def attention_share(fn, device) -> tuple[float, float, float]:
         torch.cuda.synchronize()
     attn = total = 0.0
     events = prof.events()
+    kernels: dict = {}
     for e in events:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total += e.device_time / 1e3
+            k = kernels.setdefault(e.name, [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time / 1e3
             if _ATTN.search(e.name):
                 attn += e.device_time / 1e3
-    return attn, total, attention_op_ms(events)
+    return attn, total, attention_op_ms(events), kernels
+
+
+def kernel_table(kernels: dict, top: int) -> str:
+    """The ``top`` kernels of :func:`attention_share`'s table by CUDA time, a line each."""
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:top]
+    return "\n".join(f"  {ms:9.3f} ms {n:5d}x  {name[:150]}" for name, (n, ms) in rows)
 
 
 def _variant(m, var: str):
@@ -212,6 +227,8 @@ def main():
     ap.add_argument("--recompile", action="store_true",
                     help="after the timings, compile each variant again in the process (warm caches) and time "
                          "that first call too")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="print each variant's N kernels with the most CUDA time in one step")
     a = ap.parse_args()
     import sage_compile
 
@@ -263,7 +280,10 @@ def main():
                 t0 = time.perf_counter()
                 fn()
                 ms = (time.perf_counter() - t0) * 1e3
-            attn, total, attn_op = attention_share(fn, a.device)
+            attn, total, attn_op, kernels = attention_share(fn, a.device)
+            if a.kernels:
+                print(f"{a.model} {var}: the {a.kernels} kernels with the most CUDA time in one step\n"
+                      f"{kernel_table(kernels, a.kernels)}", flush=True)
         y = y.float().flatten()
         if ref is None:  # the first variant is the reference of every cos / rel-L1 (eager where it ran first)
             ref, ref_name = y, var
