@@ -96,6 +96,7 @@ _RANGES = {
     "left_pad_unaligned": ((700, 1300, [0, 200], "left", False, False), 2),  # the range starts inside a tile
     "causal_pad": ((1000, 1000, [0, 37], "right", True, False), 1),  # a training batch
     "causal_left_kv": ((300, 1300, [0, 517], "left", True, False), 1),  # generation, KV cache, bottom-right
+    "causal_pad_odd_keys": ((1000, 1003, [0, 37], "right", True, False), 1),  # K padded to 4 keys, once
 }
 
 
@@ -143,12 +144,14 @@ def test_cuda_core_key_ranges(d, case, monkeypatch):
     _agrees(out, ref, tri, exact, f"d={d} {case}")
     # through the op's dispatch: the CUDA core serves (its launches for both possible flags where the mask
     # varies along the queries), the result is the one above
-    calls = []
-    real = KC.attention
+    calls, pads = [], []
+    real, real_pad = KC.attention, KC.pad_tokens
     monkeypatch.setattr(KC, "attention", lambda *a, **kw: calls.append(kw.get("want")) or real(*a, **kw))
+    monkeypatch.setattr(KC, "pad_tokens", lambda x, m: pads.append(x.dtype) or real_pad(x, m))
     monkeypatch.setenv("SAGE_COMPILE_INT8_FP8_CORE", "cuda")
     got = KA.attention(*qt, mask, "none", None, "HND", torch.bfloat16).float()
     assert calls == ([2] if shared else [2, 1])
+    assert len(pads) == (2 if lk % 4 else 0)  # K and its scales, once for both launches
     assert torch.equal(got, out)
 
 

@@ -209,6 +209,33 @@ def test_key_masks_are_checked_on_their_one_row(row, flag):
     assert torch.equal(got[1], full[1])
 
 
+def test_key_ranges_and_flags_against_torch():
+    """mask_structure's two kernels against the same decisions made in torch, on rows longer than one
+    key block: each batch's [first, last + 1) kept key of the last row (argmax semantics: [0, Lk) for a
+    row keeping none), and the flag from comparing the whole mask with both structures."""
+    lq, lk = 40, 2100
+    g = torch.Generator().manual_seed(5)
+    keep = torch.zeros(6, lk, dtype=torch.bool)
+    keep[0] = True
+    keep[1, 1500:2099] = True  # starts in the second key block, ends before the last key
+    keep[2, 7] = True  # one key
+    keep[4, :1030] = True
+    keep[5] = torch.rand(lk, generator=g) > 0.5  # holes
+    for causal in (False, True):
+        mask = keep[:, None, None, :].expand(6, 1, lq, lk)
+        if causal:
+            mask = mask & torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+        flag, krange = KA.mask_structure(mask.view(torch.uint8).expand(6, 4, lq, lk), lq, lk)
+        last = mask[:, 0, -1]
+        first = last.int().argmax(1)
+        end = lk - last.flip(1).int().argmax(1)
+        assert torch.equal(krange, torch.stack([first, end], 1).int())
+        assert flag.item() == 0  # rows 3 (none kept) and 5 (holes)
+        ok = [0, 1, 2, 4]
+        f2, _ = KA.mask_structure(mask[ok].contiguous().view(torch.uint8).expand(4, 4, lq, lk), lq, lk)
+        assert f2.item() == (1 if causal else 2)
+
+
 @pytest.mark.parametrize("bad", ["hole", "top_left_offset", "per_head"])
 def test_other_bool_masks_are_read(bad):
     lq, lk = 150, 130

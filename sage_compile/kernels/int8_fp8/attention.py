@@ -170,23 +170,57 @@ _fwd = triton.autotune(configs=_configs(), key=["D", "CAUSAL", "MASK_KIND", "BLO
 
 
 @triton.jit
-def _mask_mismatch(MASK, KRANGE, BAD, smb, smq, smk, LQ, LK, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Count the entries of a bool mask (B, ., LQ, LK) that differ from (a) bottom-right causal within
-    the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a), BAD[1] += (b).
-    One program per (query block, key block, batch)."""
-    b = tl.program_id(2)
+def _key_range(MASK, KRANGE, BAD, smb, smq, smk, LQ, LK, BLOCK_K: tl.constexpr):
+    """KRANGE[b] = [first, last + 1) of the keys the mask's last query row keeps ([0, LK) where it keeps
+    none, as an argmax from either end says). Program 0 also zeroes BAD[0:3] for :func:`_mask_mismatch`,
+    which runs after it. One program per batch."""
+    b = tl.program_id(0)
+    if b == 0:
+        z = tl.arange(0, 4)
+        tl.store(BAD + z, tl.zeros([4], tl.int32), mask=z < 3)
+    row = MASK + b * smb + (LQ - 1) * smq
+    lo = tl.full([], 0, tl.int32) + LK
+    hi = tl.full([], 0, tl.int32)
+    for k0 in range(0, LK, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        m = tl.load(row + offs * smk, mask=offs < LK, other=0) != 0
+        lo = tl.minimum(lo, tl.min(tl.where(m, offs, LK), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(m, offs + 1, 0), axis=0))
+    tl.store(KRANGE + 2 * b, tl.where(lo == LK, 0, lo))
+    tl.store(KRANGE + 2 * b + 1, tl.where(hi == 0, LK, hi))
+
+
+@triton.jit
+def _mask_mismatch(MASK, KRANGE, BAD, FLAG, smb, smq, smk, LQ, LK, COFF, BLOCK_Q: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """Count the entries of a bool mask (B, ., LQ, LK) that differ from (a) causal (key <= query + COFF)
+    within the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a),
+    BAD[1] += (b), atomically and only where not zero (a structured mask adds nothing). One program per
+    (query block, batch), along all keys; the last program to finish (BAD[2] counts them) writes
+    FLAG = 2 if (b) is 0, else 1 if (a) is 0, else 0."""
+    b = tl.program_id(1)
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    offs_k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     klo = tl.load(KRANGE + 2 * b)
     khi = tl.load(KRANGE + 2 * b + 1)
-    inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
-    m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
-    want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
-    want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + (LK - LQ))
-    bad_r = tl.sum(tl.sum((inb & (m != want_r)).to(tl.int32), axis=1), axis=0)
-    bad_c = tl.sum(tl.sum((inb & (m != want_c)).to(tl.int32), axis=1), axis=0)
-    tl.atomic_add(BAD, bad_c)
-    tl.atomic_add(BAD + 1, bad_r)
+    bad_r = tl.full([], 0, tl.int32)
+    bad_c = tl.full([], 0, tl.int32)
+    for k0 in range(0, LK, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
+        m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
+        want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
+        want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + COFF)
+        bad_r += tl.sum(tl.sum((inb & (m != want_r)).to(tl.int32), axis=1), axis=0)
+        bad_c += tl.sum(tl.sum((inb & (m != want_c)).to(tl.int32), axis=1), axis=0)
+    if bad_c != 0:
+        tl.atomic_add(BAD, bad_c)
+    if bad_r != 0:
+        tl.atomic_add(BAD + 1, bad_r)
+    done = tl.atomic_add(BAD + 2, 1)  # acq_rel: this program's counts are in before it is counted
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+        r = tl.atomic_add(BAD + 1, 0)
+        c = tl.atomic_add(BAD, 0)
+        tl.store(FLAG, tl.where(r == 0, 2, tl.where(c == 0, 1, 0)))
 
 
 def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,21 +230,21 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     ``mask``: bool as uint8, expanded to ``(B, H, Lq, Lk)`` with head stride 0. Returns ``(flag, krange)``:
     ``flag`` int32[1] = 1 causal + key range, 2 key range only, 0 anything else (the kernel then reads
     the mask); ``krange`` int32 (B, 2) = each batch's [first, last + 1) key, read from the last query row
-    (it sees every unmasked key in both structures)."""
-    last = mask[:, 0, lq - 1, :] != 0
-    first = last.to(torch.int32).argmax(1)
-    end = lk - last.flip(1).to(torch.int32).argmax(1)
-    krange = torch.stack([first, end], 1).to(torch.int32).contiguous()
-    if mask.stride(2) == 0 or lq == 1:  # one row for all queries (a key mask, (B, 1, 1, Lk)): a key range
-        # iff the row's kept keys are contiguous (flag 2; 1 cannot come first), checked on that row alone
-        # instead of on Lq copies of it
-        contiguous = (last.sum(1) == end - first).all()
-        return torch.where(contiguous, 2, 0).to(torch.int32).reshape(1), krange
-    bad = torch.zeros(2, dtype=torch.int32, device=mask.device)
+    (it sees every unmasked key in both structures). Two launches (:func:`_key_range`,
+    :func:`_mask_mismatch`) whatever the mask."""
+    b = mask.shape[0]
+    krange = torch.empty(b, 2, dtype=torch.int32, device=mask.device)
+    flag = torch.empty(1, dtype=torch.int32, device=mask.device)
+    bad = torch.empty(3, dtype=torch.int32, device=mask.device)
+    _key_range[(b,)](mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_K=1024)
+    if mask.stride(2) == 0 or lq == 1:  # one row for all queries (a key mask, (B, 1, 1, Lk)): a key range iff
+        # the row's kept keys are contiguous (flag 2; 1 cannot come first), checked on that row alone
+        rows, coff = 1, lk - 1
+    else:
+        rows, coff = lq, lk - lq
     bq, bk = 32, 256
-    _mask_mismatch[(triton.cdiv(lq, bq), triton.cdiv(lk, bk), mask.shape[0])](
-        mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_Q=bq, BLOCK_K=bk)
-    flag = torch.where(bad[1] == 0, 2, torch.where(bad[0] == 0, 1, 0)).to(torch.int32).reshape(1)
+    _mask_mismatch[(triton.cdiv(rows, bq), b)](mask, krange, bad, flag, mask.stride(0), mask.stride(2),
+                                               mask.stride(3), rows, lk, coff, BLOCK_Q=bq, BLOCK_K=bk)
     return flag, krange
 
 
@@ -273,11 +307,14 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     def run_ranged():
         """A mask of ``mask_structure``'s (kind 3) without a host sync: one launch per possible flag, each
         leaving at once unless the device-side flag is its own; every output element is written once."""
-        cuda.attention(q8, qs, k8, ks, v8, vs, "none", scale, out, (sob, soh, son), krange=krange, flag=flag,
-                       want=2)  # key range alone
+        k8p, ksp = k8, ks
+        if ms[2] != 0 and lk % 4:  # two CUDA launches: pad K (whole groups of 4 keys) once for both
+            k8p, ksp = cuda.pad_tokens(k8, 4), cuda.pad_tokens(ks, 4)
+        cuda.attention(q8, qs, k8p, ksp, v8, vs, "none", scale, out, (sob, soh, son), krange=krange, flag=flag,
+                       want=2, lk=lk)  # key range alone
         if ms[2] != 0:  # the mask varies along the queries: it may be causal (bottom-right) + key range
-            cuda.attention(q8, qs, k8, ks, v8, vs, "bottom_right", scale, out, (sob, soh, son), krange=krange,
-                           flag=flag, want=1)
+            cuda.attention(q8, qs, k8p, ksp, v8, vs, "bottom_right", scale, out, (sob, soh, son), krange=krange,
+                           flag=flag, want=1, lk=lk)
         run_body(general, MASK_KIND=1, GENERAL_ONLY=True)
         return out
 

@@ -171,7 +171,7 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Te
 
 def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: torch.Tensor,
               out_strides: tuple, module=None, krange: Optional[torch.Tensor] = None,
-              flag: Optional[torch.Tensor] = None, want: int = 0) -> torch.Tensor:
+              flag: Optional[torch.Tensor] = None, want: int = 0, lk: Optional[int] = None) -> torch.Tensor:
     """Run the CUDA core into ``out`` (values at ``out_strides`` = (batch, head, token) strides, channel
     stride 1). Inputs as :func:`sage_compile.kernels.int8_fp8.quantize.quantize` returns them (HND);
     ``causal`` in none / top_left / bottom_right; ``module``: a :func:`build` of other knobs (benchmarks).
@@ -179,16 +179,18 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
     Key-range masks (``krange`` and ``flag`` together, as
     :func:`sage_compile.kernels.int8_fp8.attention.mask_structure` makes them on the device): batch ``b``
     sees keys ``[krange[b, 0], krange[b, 1])`` only, and the kernel runs only where ``flag[0] == want``
-    (read on the device: every CTA of a launch with another flag leaves at once and ``out`` is untouched)."""
+    (read on the device: every CTA of a launch with another flag leaves at once and ``out`` is untouched).
+    ``lk``: the keys when ``k8`` / ``ks`` come already padded by :func:`pad_tokens` (default: all of them)."""
     mod = load() if module is None else module
-    lq, lk, d = q8.shape[2], k8.shape[2], q8.shape[3]
+    lq, d = q8.shape[2], q8.shape[3]
+    lk = k8.shape[2] if lk is None else lk
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     nv = v8.shape[3]  # the prologue pads V^T's keys to 16 (no copy here); other callers may not
     if nv % 16:  # TMA row strides are multiples of 16 bytes: pad V^T's keys with zeros
         vp = torch.zeros(*v8.shape[:3], nv + (-nv) % 16, dtype=v8.dtype, device=v8.device)
         vp[..., :nv] = v8
         v8 = vp
-    if lk % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
+    if k8.shape[2] % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
         ks, k8 = pad_tokens(ks, 4), pad_tokens(k8, 4)
     coff = 0 if causal == "top_left" else lk - lq
     mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
