@@ -209,10 +209,14 @@ def test_key_masks_are_checked_on_their_one_row(row, flag):
     assert torch.equal(got[1], full[1])
 
 
-def test_key_ranges_and_flags_against_torch():
+@pytest.mark.parametrize("chunks", [None, (512, 1000)])
+def test_key_ranges_and_flags_against_torch(chunks, monkeypatch):
     """mask_structure's two kernels against the same decisions made in torch, on rows longer than one
     key block: each batch's [first, last + 1) kept key of the last row (argmax semantics: [0, Lk) for a
-    row keeping none), and the flag from comparing the whole mask with both structures."""
+    row keeping none), and the flag from comparing the whole mask with both structures; the check in one
+    program or in several along the keys (``chunks``)."""
+    if chunks:
+        monkeypatch.setattr(KA, "CHECK_KEYS", chunks)
     lq, lk = 40, 2100
     g = torch.Generator().manual_seed(5)
     keep = torch.zeros(6, lk, dtype=torch.bool)

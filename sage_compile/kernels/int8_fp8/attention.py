@@ -191,22 +191,24 @@ def _key_range(MASK, KRANGE, BAD, smb, smq, smk, LQ, LK, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _mask_mismatch(MASK, KRANGE, BAD, FLAG, smb, smq, smk, LQ, LK, COFF, BLOCK_Q: tl.constexpr,
+def _mask_mismatch(MASK, KRANGE, BAD, FLAG, smb, smq, smk, LQ, LK, COFF, KCHUNK, BLOCK_Q: tl.constexpr,
                    BLOCK_K: tl.constexpr):
     """Count the entries of a bool mask (B, ., LQ, LK) that differ from (a) causal (key <= query + COFF)
     within the key range [KRANGE[b, 0], KRANGE[b, 1]) and (b) that key range alone: BAD[0] += (a),
     BAD[1] += (b), atomically and only where not zero (a structured mask adds nothing). One program per
-    (query block, batch), along all keys; the last program to finish (BAD[2] counts them) writes
-    FLAG = 2 if (b) is 0, else 1 if (a) is 0, else 0."""
+    (query block, batch, KCHUNK keys); the last program to finish (BAD[2] counts them) writes FLAG = 2 if
+    (b) is 0, else 1 if (a) is 0, else 0."""
     b = tl.program_id(1)
+    k_start = tl.program_id(2) * KCHUNK
+    k_end = tl.minimum(k_start + KCHUNK, LK)
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     klo = tl.load(KRANGE + 2 * b)
     khi = tl.load(KRANGE + 2 * b + 1)
     bad_r = tl.full([], 0, tl.int32)
     bad_c = tl.full([], 0, tl.int32)
-    for k0 in range(0, LK, BLOCK_K):
+    for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < LK)
+        inb = (offs_q[:, None] < LQ) & (offs_k[None, :] < k_end)
         m = tl.load(MASK + b * smb + offs_q[:, None] * smq + offs_k[None, :] * smk, mask=inb, other=0) != 0
         want_r = (offs_k[None, :] >= klo) & (offs_k[None, :] < khi)
         want_c = want_r & (offs_k[None, :] <= offs_q[:, None] + COFF)
@@ -217,10 +219,13 @@ def _mask_mismatch(MASK, KRANGE, BAD, FLAG, smb, smq, smk, LQ, LK, COFF, BLOCK_Q
     if bad_r != 0:
         tl.atomic_add(BAD + 1, bad_r)
     done = tl.atomic_add(BAD + 2, 1)  # acq_rel: this program's counts are in before it is counted
-    if done == tl.num_programs(0) * tl.num_programs(1) - 1:
+    if done == tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2) - 1:
         r = tl.atomic_add(BAD + 1, 0)
         c = tl.atomic_add(BAD, 0)
         tl.store(FLAG, tl.where(r == 0, 2, tl.where(c == 0, 1, 0)))
+
+
+CHECK_KEYS = (4096, 8192)  # keys per program of _mask_mismatch: the full check, the one-row check
 
 
 def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,15 +241,16 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     krange = torch.empty(b, 2, dtype=torch.int32, device=mask.device)
     flag = torch.empty(1, dtype=torch.int32, device=mask.device)
     bad = torch.empty(3, dtype=torch.int32, device=mask.device)
-    _key_range[(b,)](mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_K=1024)
+    _key_range[(b,)](mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_K=4096,
+                     num_warps=8)
     if mask.stride(2) == 0 or lq == 1:  # one row for all queries (a key mask, (B, 1, 1, Lk)): a key range iff
         # the row's kept keys are contiguous (flag 2; 1 cannot come first), checked on that row alone
-        rows, coff = 1, lk - 1
+        rows, coff, bq, bk, chunk = 1, lk - 1, 1, 2048, CHECK_KEYS[1]
     else:
-        rows, coff = lq, lk - lq
-    bq, bk = 32, 256
-    _mask_mismatch[(triton.cdiv(rows, bq), b)](mask, krange, bad, flag, mask.stride(0), mask.stride(2),
-                                               mask.stride(3), rows, lk, coff, BLOCK_Q=bq, BLOCK_K=bk)
+        rows, coff, bq, bk, chunk = lq, lk - lq, 32, 256, CHECK_KEYS[0]
+    _mask_mismatch[(triton.cdiv(rows, bq), b, triton.cdiv(lk, chunk))](
+        mask, krange, bad, flag, mask.stride(0), mask.stride(2), mask.stride(3), rows, lk, coff, chunk,
+        BLOCK_Q=bq, BLOCK_K=bk)
     return flag, krange
 
 
