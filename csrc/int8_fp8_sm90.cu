@@ -87,7 +87,9 @@
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
 // ptxas if-converts into ~70-100 predicated instructions on every tile. H200 (cuda_variants_run4[45]_*): the
 // own loop pays non-causal (hd128 / hd64 1.00-1.03x / 1.02-1.05x), but causal kernels ran 0.93-0.95x with
-// it (per-token K) and 0.94x (hd128 16K, grouped K: 722 vs 772 TOPS), so causal keeps the one loop.
+// it (per-token K) and 0.94x (hd128 16K, grouped K: 722 vs 772 TOPS), so causal keeps the one loop. With
+// grouped K, run 67 (cuda_variants_run67_*, identical outputs): one loop for the non-causal kernels too ran
+// 0.90-0.92x at hd64 (4K-17,776 tokens) and 0.98x at hd128 16K.
 #ifndef SAGE_EDGELOOP
 #define SAGE_EDGELOOP 1
 #endif
