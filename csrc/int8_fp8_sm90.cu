@@ -75,6 +75,14 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
+// SAGE_EXPTURN64 1 (hd64, three consumer warpgroups, no ping-pong): the warpgroups take turns at the exps of
+// their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), so that on each SM sub-partition one warp at
+// a time feeds the MUFU pipe (16 ex2 per clock per SM) while the other two do their row maxima, row sums,
+// E4M3 packing, wgmmas and folds. Without it the three run freely and their exp phases collide (run 35's
+// stall samples: MUFU 31 %, mostly queue-full and wait).
+#ifndef SAGE_EXPTURN64
+#define SAGE_EXPTURN64 0
+#endif
 // SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
 // (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
 // the int8_fp8 prologue writes them (reference.quant.quant_int8_k_groups): one K scale per thread and tile,
@@ -372,6 +380,36 @@ __device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predica
       : "memory");
 }
 
+// SAGE_EXPTURN64: named barrier 3 + w is warpgroup w's turn at the exps; the warpgroup before it in the ring
+// arrives there when its own exps are done (two warpgroups' threads per barrier). ptxas moves register-only
+// instructions across barriers, so the turn is tied to the exps through shared memory: after the wait, a
+// zero loaded from shared memory is added to the exps' offsets (they cannot start before it); before the
+// arrive, the row sums of the exps are stored to a scratch word (the arrive stays after the store).
+__shared__ float turn_zero;       // 0.0f (set at the kernel's start)
+__shared__ float turn_sink[32];   // written, never read
+__device__ __forceinline__ float turn_wait(int wg) {
+  float z;
+  asm volatile(
+      "bar.sync %1, %2;\n"
+      "ld.volatile.shared.f32 %0, [%3];\n"
+      : "=f"(z)
+      : "r"(3 + wg), "n"(256), "r"(smem_u32(&turn_zero))
+      : "memory");
+  return z;
+}
+__device__ __forceinline__ void turn_pass(int wg, int nwg, bool pred, float after, int lane) {
+  const int next = wg + 1 == nwg ? 3 : 4 + wg;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "st.volatile.shared.f32 [%3], %4;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p bar.arrive %0, %1;\n"
+      "}\n" ::"r"(next),
+      "n"(256), "r"(static_cast<int>(pred)), "r"(smem_u32(&turn_sink[lane])), "f"(after)
+      : "memory");
+}
+
 template <int D>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
 #pragma unroll
@@ -427,11 +465,11 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, bool KR, int EDGE>
+template <bool CAUSAL, bool KR, int EDGE, int TURN>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
-                                             int t, int lane) {
+                                             int t, int lane, int wg, bool pass) {
   const bool mask = EDGE == 1 || (EDGE == 2 && edge);
   float z[64];
   // under `mask` (the tile crosses an end of the key range [klo, khi) or the causal diagonal): this
@@ -497,13 +535,18 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
   alpha[0] = ex2(m_i[0] - mu0);
   alpha[1] = ex2(m_i[1] - mu1);
-  const float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
+  float off0 = kPOff - mu0, off1 = kPOff - mu1;  // row max -> 448
 #if SAGE_KGROUP
   // the logits' factors; 0 (dk == 0, or an underflow) becomes the smallest normal float, so that a masked
   // -inf stays -inf (-inf * 0 would be NaN) and an unmasked logit still gives the offset; NaN stays NaN
   float a0 = qsc0 * dk, a1 = qsc1 * dk;
   a0 = a0 == 0.f ? 1.17549435e-38f : a0;
   a1 = a1 == 0.f ? 1.17549435e-38f : a1;
+  if constexpr (TURN > 0) {  // this warpgroup's turn at the exps (TURN warpgroups in the ring): + 0.0 exactly
+    const float zero = turn_wait(wg);
+    off0 += zero;
+    off1 += zero;
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) z[i] = ex2(fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0));
 #else
@@ -513,8 +556,10 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   }
 #endif
   split_rows(z, r);
-  l_i[0] = fmaf(l_i[0], alpha[0], tree_sum<32>(r[0]));  // per-thread partial row sums (quad-reduced at the end)
-  l_i[1] = fmaf(l_i[1], alpha[1], tree_sum<32>(r[1]));
+  const float rs0 = tree_sum<32>(r[0]), rs1 = tree_sum<32>(r[1]);
+  if constexpr (TURN > 0) turn_pass(wg, TURN, pass, rs0 + rs1, lane);  // every exp done: the next one's turn
+  l_i[0] = fmaf(l_i[0], alpha[0], rs0);  // per-thread partial row sums (quad-reduced at the end)
+  l_i[1] = fmaf(l_i[1], alpha[1], rs1);
   m_i[0] = mn0;
   m_i[1] = mn1;
 
@@ -576,6 +621,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
+  constexpr int kTurn = D == 64 && SAGE_EXPTURN64 && !kPP ? consumer_wgs<D>() : 0;  // exp-turn ring size
+  static_assert(kTurn == 0 || SAGE_KGROUP, "SAGE_EXPTURN64 is built on SAGE_KGROUP's softmax");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
@@ -621,6 +668,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], kCW);
     }
+    if (kTurn > 0) turn_zero = 0.f;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -688,6 +736,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // the 2-4 % spread of identical builds at hd128 and 4-7 % slower at hd64 (spills).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
     if (wg == 1) named_arrive<kPP>(1);
+    if (kTurn > 0) turn_pass(wg, kTurn, wg == kTurn - 1, 0.f, lane);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
     mbar_wait(&k_full[0], 0);
     wg_fence();
@@ -710,8 +759,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, kEdge>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0, p.coff,
-                                      qsc0, qsc1, t, lane);
+      // (the last warpgroup's last turn passes to no one: warpgroup 0 has no tile left)
+      softmax_tile<CAUSAL, KR, kEdge, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0,
+                                             p.coff, qsc0, qsc1, t, lane, wg, !(wg == kTurn - 1 && j + 1 == n_tiles));
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
