@@ -75,13 +75,16 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_EXPTURN64 1 (hd64, three consumer warpgroups, no ping-pong): the warpgroups take turns at the exps of
-// their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), so that on each SM sub-partition one warp at
-// a time feeds the MUFU pipe (16 ex2 per clock per SM) while the other two do their row maxima, row sums,
-// E4M3 packing, wgmmas and folds. Without it the three run freely and their exp phases collide (run 35's
-// stall samples: MUFU 31 %, mostly queue-full and wait).
+// SAGE_EXPTURN64 T (non-causal) / SAGE_EXPTURN64C T (causal), hd64, three consumer warpgroups, no ping-pong:
+// the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), at
+// most T (1 or 2) at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by fewer warps at once
+// while the others do their row maxima, row sums, E4M3 packing, wgmmas and folds; 0 the three run freely
+// (run 35's stall samples: MUFU 31 %, mostly queue-full and wait).
 #ifndef SAGE_EXPTURN64
 #define SAGE_EXPTURN64 0
+#endif
+#ifndef SAGE_EXPTURN64C
+#define SAGE_EXPTURN64C 0
 #endif
 // SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
 // (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
@@ -397,8 +400,9 @@ __device__ __forceinline__ float turn_wait(int wg) {
       : "memory");
   return z;
 }
-__device__ __forceinline__ void turn_pass(int wg, int nwg, bool pred, float after, int lane) {
-  const int next = wg + 1 == nwg ? 3 : 4 + wg;
+template <int NWG, int TOKENS>  // warpgroup wg's turn is passed to warpgroup (wg + TOKENS) % NWG
+__device__ __forceinline__ void turn_pass(int wg, bool pred, float after, int lane) {
+  const int next = 3 + (wg + TOKENS) % NWG;
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
@@ -465,7 +469,7 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, bool KR, int EDGE, int TURN>
+template <bool CAUSAL, bool KR, int EDGE, int NWG, int TURN>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
@@ -542,7 +546,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   float a0 = qsc0 * dk, a1 = qsc1 * dk;
   a0 = a0 == 0.f ? 1.17549435e-38f : a0;
   a1 = a1 == 0.f ? 1.17549435e-38f : a1;
-  if constexpr (TURN > 0) {  // this warpgroup's turn at the exps (TURN warpgroups in the ring): + 0.0 exactly
+  if constexpr (TURN > 0) {  // this warpgroup's turn at the exps (TURN tokens in the ring): + 0.0 exactly
     const float zero = turn_wait(wg);
     off0 += zero;
     off1 += zero;
@@ -557,7 +561,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
 #endif
   split_rows(z, r);
   const float rs0 = tree_sum<32>(r[0]), rs1 = tree_sum<32>(r[1]);
-  if constexpr (TURN > 0) turn_pass(wg, TURN, pass, rs0 + rs1, lane);  // every exp done: the next one's turn
+  if constexpr (TURN > 0) turn_pass<NWG, TURN>(wg, pass, rs0 + rs1, lane);  // every exp done: pass the turn
   l_i[0] = fmaf(l_i[0], alpha[0], rs0);  // per-thread partial row sums (quad-reduced at the end)
   l_i[1] = fmaf(l_i[1], alpha[1], rs1);
   m_i[0] = mn0;
@@ -621,8 +625,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
-  constexpr int kTurn = D == 64 && SAGE_EXPTURN64 && !kPP ? consumer_wgs<D>() : 0;  // exp-turn ring size
-  static_assert(kTurn == 0 || SAGE_KGROUP, "SAGE_EXPTURN64 is built on SAGE_KGROUP's softmax");
+  constexpr int kNwg = consumer_wgs<D>();
+  constexpr int kTurn = D == 64 && !kPP ? (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64) : 0;  // tokens of the exp ring
+  static_assert(kTurn == 0 || (SAGE_KGROUP && kTurn < kNwg), "SAGE_EXPTURN64(C): SAGE_KGROUP, fewer tokens than warpgroups");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
@@ -736,7 +741,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // the 2-4 % spread of identical builds at hd128 and 4-7 % slower at hd64 (spills).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
     if (wg == 1) named_arrive<kPP>(1);
-    if (kTurn > 0) turn_pass(wg, kTurn, wg == kTurn - 1, 0.f, lane);  // warpgroup 0 has the first turn
+    if constexpr (kTurn > 0) turn_pass<kNwg, kTurn>(wg, wg >= kNwg - kTurn, 0.f, lane);  // the first turns: 0 .. kTurn - 1
     named_sync<kPP>(my_bar);
     mbar_wait(&k_full[0], 0);
     wg_fence();
@@ -759,9 +764,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      // (the last warpgroup's last turn passes to no one: warpgroup 0 has no tile left)
-      softmax_tile<CAUSAL, KR, kEdge, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0,
-                                             p.coff, qsc0, qsc1, t, lane, wg, !(wg == kTurn - 1 && j + 1 == n_tiles));
+      // (the warpgroups that gave the first turns pass their last one to no one: its receiver has no tile left)
+      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y,
+                                                   r0, p.coff, qsc0, qsc1, t, lane, wg,
+                                                   !(wg >= kNwg - kTurn && j + 1 == n_tiles));
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
