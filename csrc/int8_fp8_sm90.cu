@@ -76,10 +76,12 @@
 #define SAGE_PINGPONG128 1
 #endif
 // SAGE_EXPTURN64 T (non-causal) / SAGE_EXPTURN64C T (causal), hd64, three consumer warpgroups, no ping-pong:
-// the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), at
-// most T (1 or 2) at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by fewer warps at once
-// while the others do their row maxima, row sums, E4M3 packing, wgmmas and folds; 0 the three run freely
-// (run 35's stall samples: MUFU 31 %, mostly queue-full and wait).
+// the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), one
+// at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by one warp per sub-partition while the
+// others do their row maxima, row sums, E4M3 packing, wgmmas and folds; 0 the three run freely (run 35's
+// stall samples: MUFU 31 %, mostly queue-full and wait). T = 2 (two at a time) is not sound with named
+// barriers, which count arrivals: a warpgroup could arrive twice at its successor's barrier before the
+// successor waits, completing it without the waiter (run 70: a causal kernel hung).
 #ifndef SAGE_EXPTURN64
 #define SAGE_EXPTURN64 0
 #endif
@@ -627,7 +629,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kNwg = consumer_wgs<D>();
   constexpr int kTurn = D == 64 && !kPP ? (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64) : 0;  // tokens of the exp ring
-  static_assert(kTurn == 0 || (SAGE_KGROUP && kTurn < kNwg), "SAGE_EXPTURN64(C): SAGE_KGROUP, fewer tokens than warpgroups");
+  static_assert(kTurn == 0 || (SAGE_KGROUP && kTurn == 1), "SAGE_EXPTURN64(C): 0 or 1, with SAGE_KGROUP");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
