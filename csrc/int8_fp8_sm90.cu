@@ -82,11 +82,13 @@
 // stall samples: MUFU 31 %, mostly queue-full and wait). T = 2 (two at a time) is not sound with named
 // barriers, which count arrivals: a warpgroup could arrive twice at its successor's barrier before the
 // successor waits, completing it without the waiter (run 70: a causal kernel hung).
+// H200, identical outputs: non-causal 0.78x (run 69: 545 -> 425 TOPS at 17,776 tokens, 2 x 30 heads; 0.96x with
+// SAGE_EDGELOOP=0), causal 1.06-1.08x at 4K-17,776 tokens (run 72: 16K 467-470 -> 499), so on for causal only.
 #ifndef SAGE_EXPTURN64
 #define SAGE_EXPTURN64 0
 #endif
 #ifndef SAGE_EXPTURN64C
-#define SAGE_EXPTURN64C 0
+#define SAGE_EXPTURN64C 1
 #endif
 // SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
 // (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
@@ -628,8 +630,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kNwg = consumer_wgs<D>();
-  constexpr int kTurn = D == 64 && !kPP ? (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64) : 0;  // tokens of the exp ring
-  static_assert(kTurn == 0 || (SAGE_KGROUP && kTurn == 1), "SAGE_EXPTURN64(C): 0 or 1, with SAGE_KGROUP");
+  // tokens of the exp ring (the turn sits in SAGE_KGROUP's softmax: without grouped K scales, no ring)
+  constexpr int kTurn = D == 64 && !kPP && SAGE_KGROUP ? (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64) : 0;
+  static_assert(kTurn == 0 || kTurn == 1, "SAGE_EXPTURN64(C): 0 or 1");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
