@@ -715,7 +715,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 
   // consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<D>()));
-  const int wg = warp / 4, w = warp % 4, g = lane / 4, t = lane % 4;
+  // (with the exp ring, the warpgroup index through a shuffle from lane 0: ptxas then treats it as warp-uniform)
+  const int wg = kTurn > 0 ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
+  const int w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
   // a zero row scale (padding rows, all-zero query rows) becomes the smallest normal float: every finite
@@ -769,10 +771,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      // (the warpgroups that gave the first turns pass their last one to no one: its receiver has no tile left)
       softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y,
-                                                   r0, p.coff, qsc0, qsc1, t, lane, wg,
-                                                   !(wg >= kNwg - kTurn && j + 1 == n_tiles));
+                                                   r0, p.coff, qsc0, qsc1, t, lane, wg, true);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -824,6 +824,12 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       for (; j < n_tiles; ++j) tile(j, EdgeMask<1>{});
     } else {
       for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
+    }
+    // the exp ring: every turn is passed on unconditionally (a predicate on the tile index inside the loop
+    // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
+    // warpgroup's final pass here, so that no barrier is left with an arrival
+    if constexpr (kTurn > 0) {
+      if (wg == 0) turn_wait(0);
     }
   }
 
