@@ -82,8 +82,9 @@
 // stall samples: MUFU 31 %, mostly queue-full and wait). T = 2 (two at a time) is not sound with named
 // barriers, which count arrivals: a warpgroup could arrive twice at its successor's barrier before the
 // successor waits, completing it without the waiter (run 70: a causal kernel hung).
-// H200, identical outputs: non-causal 0.78x (run 69: 545 -> 425 TOPS at 17,776 tokens, 2 x 30 heads; 0.96x with
-// SAGE_EDGELOOP=0), causal 1.06-1.08x at 4K-17,776 tokens (run 72: 16K 467-470 -> 499), so on for causal only.
+// H200, identical outputs: non-causal 0.90-0.96x (run 74: 545 -> 493-497 TOPS at 17,776 tokens, 2 x 30 heads,
+// 476 -> 458 at 4K; run 69's first form, with a predicated last pass, 0.78x), causal 1.05-1.08x at 4K-17,776
+// tokens (runs 72 and 74: 16K 467-471 -> 493-499), so on for causal only.
 #ifndef SAGE_EXPTURN64
 #define SAGE_EXPTURN64 0
 #endif
