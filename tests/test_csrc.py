@@ -1,6 +1,6 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
-instructions and no local-memory traffic, and the Python side falls back to the Triton core, with the
+instructions, bounded local-memory traffic and the causal hd64 kernels' exp ring, and the Python side falls back to the Triton core, with the
 reason, when the extension cannot be built. Skipped with a note where nvcc is absent."""
 import json
 import os
@@ -93,6 +93,15 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         # PV + next S in each tile loop (SAGE_EDGELOOP; a key range's first tile at hd128 one more), two with
         # SAGE_SPLIT64 (a serialized kernel waits after every wgmma: 20+ waits)
         assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 5, name
+        # the exp ring (SAGE_EXPTURN64C, causal hd64 kernels with grouped K scales): in each tile loop every
+        # exp of the tile sits between the warpgroup's wait for its turn and its pass (ptxas moves
+        # register-only instructions across barriers; the ring holds through shared-memory dependencies)
+        # (hd128's ping-pong uses named barriers too: only hd64, which has no ping-pong, is checked)
+        turns = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100 ;(.*?)BAR\.ARV R\d+, 0x100 ;", f, re.S)
+        if d == "64" and causal == "1" and "SAGE_KPERM=0" not in knobs:
+            assert turns and all(len(re.findall(r"MUFU\.EX2", x)) >= 64 for x in turns), (knobs, name)
+        elif d == "64":
+            assert not turns, (knobs, name)
 
 
 def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
