@@ -75,13 +75,13 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
-// SAGE_EXPTURN64 T (non-causal) / SAGE_EXPTURN64C T (causal), hd64, three consumer warpgroups, no ping-pong:
+// SAGE_EXPTURN64 (non-causal) / SAGE_EXPTURN64C (causal) 1, hd64, three consumer warpgroups, no ping-pong:
 // the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), one
 // at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by one warp per sub-partition while the
 // others do their row maxima, row sums, E4M3 packing, wgmmas and folds; 0 the three run freely (run 35's
-// stall samples: MUFU 31 %, mostly queue-full and wait). T = 2 (two at a time) is not sound with named
-// barriers, which count arrivals: a warpgroup could arrive twice at its successor's barrier before the
-// successor waits, completing it without the waiter (run 70: a causal kernel hung).
+// stall samples: MUFU 31 %, mostly queue-full and wait). Two at a time is not sound with named barriers,
+// which count arrivals: a warpgroup could arrive twice at its successor's barrier before the successor
+// waits, completing it without the waiter (run 70: a causal kernel of that form hung).
 // H200, identical outputs: non-causal 0.90-0.96x (run 74: 545 -> 493-497 TOPS at 17,776 tokens, 2 x 30 heads,
 // 476 -> 458 at 4K; run 69's first form, with a predicated last pass, 0.78x), causal 1.05-1.08x at 4K-17,776
 // tokens (runs 72 and 74: 16K 467-471 -> 493-499), so on for causal only.
@@ -405,17 +405,16 @@ __device__ __forceinline__ float turn_wait(int wg) {
       : "memory");
   return z;
 }
-template <int NWG, int TOKENS>  // warpgroup wg's turn is passed to warpgroup (wg + TOKENS) % NWG
-__device__ __forceinline__ void turn_pass(int wg, bool pred, float after, int lane) {
-  const int next = 3 + (wg + TOKENS) % NWG;
+template <int NWG>  // warpgroup wg passes the turn to warpgroup (wg + 1) % NWG once `after` is computed, if pred
+__device__ __forceinline__ void turn_pass(int wg, float after, int lane, bool pred = true) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "st.volatile.shared.f32 [%3], %4;\n"
-      "setp.ne.b32 p, %2, 0;\n"
+      "st.volatile.shared.f32 [%2], %3;\n"
+      "setp.ne.b32 p, %4, 0;\n"
       "@p bar.arrive %0, %1;\n"
-      "}\n" ::"r"(next),
-      "n"(256), "r"(static_cast<int>(pred)), "r"(smem_u32(&turn_sink[lane])), "f"(after)
+      "}\n" ::"r"(3 + (wg + 1) % NWG),
+      "n"(256), "r"(smem_u32(&turn_sink[lane])), "f"(after), "r"(static_cast<int>(pred))
       : "memory");
 }
 
@@ -474,11 +473,11 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, bool KR, int EDGE, int NWG, int TURN>
+template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
-                                             int t, int lane, int wg, bool pass) {
+                                             int t, int lane, int wg) {
   const bool mask = EDGE == 1 || (EDGE == 2 && edge);
   float z[64];
   // under `mask` (the tile crosses an end of the key range [klo, khi) or the causal diagonal): this
@@ -551,7 +550,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   float a0 = qsc0 * dk, a1 = qsc1 * dk;
   a0 = a0 == 0.f ? 1.17549435e-38f : a0;
   a1 = a1 == 0.f ? 1.17549435e-38f : a1;
-  if constexpr (TURN > 0) {  // this warpgroup's turn at the exps (TURN tokens in the ring): + 0.0 exactly
+  if constexpr (TURN) {  // this warpgroup's turn at the exps (the ring of NWG warpgroups): + 0.0 exactly
     const float zero = turn_wait(wg);
     off0 += zero;
     off1 += zero;
@@ -566,7 +565,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
 #endif
   split_rows(z, r);
   const float rs0 = tree_sum<32>(r[0]), rs1 = tree_sum<32>(r[1]);
-  if constexpr (TURN > 0) turn_pass<NWG, TURN>(wg, pass, rs0 + rs1, lane);  // every exp done: pass the turn
+  if constexpr (TURN) turn_pass<NWG>(wg, rs0 + rs1, lane);  // every exp done: pass the turn
   l_i[0] = fmaf(l_i[0], alpha[0], rs0);  // per-thread partial row sums (quad-reduced at the end)
   l_i[1] = fmaf(l_i[1], alpha[1], rs1);
   m_i[0] = mn0;
@@ -631,9 +630,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kNwg = consumer_wgs<D>();
-  // tokens of the exp ring (the turn sits in SAGE_KGROUP's softmax: without grouped K scales, no ring)
-  constexpr int kTurn = D == 64 && !kPP && SAGE_KGROUP ? (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64) : 0;
-  static_assert(kTurn == 0 || kTurn == 1, "SAGE_EXPTURN64(C): 0 or 1");
+  // the exp ring (it sits in SAGE_KGROUP's softmax: without grouped K scales, no ring)
+  static_assert(SAGE_EXPTURN64 == 0 || SAGE_EXPTURN64 == 1, "SAGE_EXPTURN64: 0 or 1");
+  static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
+  constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
@@ -679,7 +679,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], kCW);
     }
-    if (kTurn > 0) turn_zero = 0.f;
+    if (kTurn) turn_zero = 0.f;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   // consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<D>()));
   // (with the exp ring, the warpgroup index through a shuffle from lane 0: ptxas then treats it as warp-uniform)
-  const int wg = kTurn > 0 ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
+  const int wg = kTurn ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
   const int w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
@@ -749,7 +749,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // the 2-4 % spread of identical builds at hd128 and 4-7 % slower at hd64 (spills).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
     if (wg == 1) named_arrive<kPP>(1);
-    if constexpr (kTurn > 0) turn_pass<kNwg, kTurn>(wg, wg >= kNwg - kTurn, 0.f, lane);  // the first turns: 0 .. kTurn - 1
+    if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
     mbar_wait(&k_full[0], 0);
     wg_fence();
@@ -773,7 +773,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
       softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y,
-                                                   r0, p.coff, qsc0, qsc1, t, lane, wg, true);
+                                                   r0, p.coff, qsc0, qsc1, t, lane, wg);
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -829,9 +829,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // the exp ring: every turn is passed on unconditionally (a predicate on the tile index inside the loop
     // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
     // warpgroup's final pass here, so that no barrier is left with an arrival
-    if constexpr (kTurn > 0) {
-      if (wg == 0) turn_wait(0);
-    }
+    if (kTurn && wg == 0) turn_wait(0);
   }
 
   // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)
