@@ -99,6 +99,16 @@
 #ifndef SAGE_KGROUP
 #define SAGE_KGROUP SAGE_KPERM  // (its groups are SAGE_KPERM's lanes)
 #endif
+// SAGE_SMAGIC (bits: 1 the hd64 kernels, 2 the hd128 ones; with SAGE_KGROUP): S accumulates onto 0x4B400000, the
+// bits of the float 1.5 * 2^23, instead of zero, so that each S accumulator read as a float is 1.5 * 2^23 + S
+// exactly (|S| <= 127^2 * 128 < 2^22): no int32 -> fp32 conversion (I2FP, 64 a tile), the constant goes into
+// the row max (one FADD a row) and into the exp offset (one FFMA a row: off - 1.5 * 2^23 * factor, rounded
+// once, a per-row shift of the tile's logits below 2^-24 of 1.5 * 2^23 * factor). The accumulator is filled
+// by 16 four-word shared-memory loads a tile (LDS.128) in place of the wgmma's zero start.
+#ifndef SAGE_SMAGIC
+#define SAGE_SMAGIC 0
+#endif
+
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
 // ptxas if-converts into ~70-100 predicated instructions on every tile. H200 (cuda_variants_run4[45]_*): the
@@ -418,10 +428,27 @@ __device__ __forceinline__ void turn_pass(int wg, float after, int lane, bool pr
       : "memory");
 }
 
+// SAGE_SMAGIC: S of this head dim starts from 1.5 * 2^23's bits (s_magic, four copies), not from zero
+template <int D>
+__host__ __device__ constexpr bool s_magic_on() {
+  return SAGE_KGROUP && (SAGE_SMAGIC & (D == 64 ? 1 : 2)) != 0;
+}
+__shared__ __align__(16) uint32_t s_magic[4];  // 0x4B400000 (set at the kernel's start)
+constexpr float kMagic = 12582912.0f;           // 1.5 * 2^23
+// the accumulator filled with 0x4B400000 (volatile loads: one LDS.128 per four registers, not merged)
+__device__ __forceinline__ void s_magic_fill(uint32_t (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; i += 4)
+    asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[i]), "=r"(d[i + 1]), "=r"(d[i + 2]), "=r"(d[i + 3])
+                 : "r"(smem_u32(s_magic)));
+}
+
 template <int D>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, kk);
+  for (int kk = 0; kk < D / 32; ++kk)
+    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, s_magic_on<D>() ? 1 : kk);
 }
 
 // Key order of a K tile in shared memory. The producer loads the tile's 128 keys so that S's accumulator
@@ -473,7 +500,7 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN>
+template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN, bool MAGIC>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
@@ -494,8 +521,9 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   // from here on (its FFMA keeps it: the factor is > 0 or NaN, see a0). dk == 0 (an all-zero key group, or
   // keys past the end: zero scales from the TMA fill) gives logit 0 for the unmasked keys.
   const float dk = sks[kLaneKeys * t];
+  // (MAGIC: the accumulators are 1.5 * 2^23 + S as floats; the constant is taken off the row max and the offsets)
 #pragma unroll
-  for (int i = 0; i < 64; ++i) z[i] = __int2float_rn(static_cast<int>(sacc[i]));
+  for (int i = 0; i < 64; ++i) z[i] = MAGIC ? __int_as_float(sacc[i]) : __int2float_rn(static_cast<int>(sacc[i]));
 #else
   // y = S * delta_K (the row scale qsc = delta_Q * c > 0 comes in through one FFMA below: rounding is
   // monotone, so the row max of qsc * y is qsc * max y). int32 -> fp32 through the 1.5 * 2^23 trick
@@ -525,6 +553,10 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   split_rows(z, r);
   float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
 #if SAGE_KGROUP
+  if constexpr (MAGIC) {  // exact: both in [2^23, 2^24) (-inf stays -inf)
+    mx0 -= kMagic;
+    mx1 -= kMagic;
+  }
   if (mask) {  // -inf * 0 would be NaN
     mx0 = mx0 == -INFINITY ? -INFINITY : mx0 * dk;
     mx1 = mx1 == -INFINITY ? -INFINITY : mx1 * dk;
@@ -550,6 +582,10 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   float a0 = qsc0 * dk, a1 = qsc1 * dk;
   a0 = a0 == 0.f ? 1.17549435e-38f : a0;
   a1 = a1 == 0.f ? 1.17549435e-38f : a1;
+  if constexpr (MAGIC) {  // z * a + off with z = 1.5 * 2^23 + S: off - 1.5 * 2^23 * a (rounded once)
+    off0 = fmaf(-kMagic, a0, off0);
+    off1 = fmaf(-kMagic, a1, off1);
+  }
   if constexpr (TURN) {  // this warpgroup's turn at the exps (the ring of NWG warpgroups): + 0.0 exactly
     const float zero = turn_wait(wg);
     off0 += zero;
@@ -680,6 +716,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&empty[s], kCW);
     }
     if (kTurn) turn_zero = 0.f;
+    if (s_magic_on<D>())
+      for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -751,6 +789,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if (wg == 1) named_arrive<kPP>(1);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
+    if constexpr (s_magic_on<D>()) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D>(sacc, dq, sk);
@@ -772,8 +811,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y,
-                                                   r0, p.coff, qsc0, qsc1, t, lane, wg);
+      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, s_magic_on<D>()>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge,
+                                                                    n0, kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane,
+                                                                    wg);
+      if constexpr (s_magic_on<D>()) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
