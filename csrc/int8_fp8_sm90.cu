@@ -99,14 +99,17 @@
 #ifndef SAGE_KGROUP
 #define SAGE_KGROUP SAGE_KPERM  // (its groups are SAGE_KPERM's lanes)
 #endif
-// SAGE_SMAGIC (bits: 1 the hd64 kernels, 2 the hd128 ones; with SAGE_KGROUP): S accumulates onto 0x4B400000, the
+// SAGE_SMAGIC (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones; with SAGE_KGROUP):
+// S accumulates onto 0x4B400000, the
 // bits of the float 1.5 * 2^23, instead of zero, so that each S accumulator read as a float is 1.5 * 2^23 + S
 // exactly (|S| <= 127^2 * 128 < 2^22): no int32 -> fp32 conversion (I2FP, 64 a tile), the constant goes into
 // the row max (one FADD a row) and into the exp offset (one FFMA a row: off - 1.5 * 2^23 * factor, rounded
 // once, a per-row shift of the tile's logits below 2^-24 of 1.5 * 2^23 * factor). The accumulator is filled
 // by 16 four-word shared-memory loads a tile (LDS.128) in place of the wgmma's zero start.
+// H200, run 76 (cuda_variants_run76_*): hd64 non-causal 544 -> 562 TOPS at 17,776 tokens (2 x 30 heads), 476 -> 516
+// at 4K; hd128 16K 830-837 -> 874, causal 777-784 -> 830; but hd64 causal (with the exp ring) 492-497 -> 457.
 #ifndef SAGE_SMAGIC
-#define SAGE_SMAGIC 0
+#define SAGE_SMAGIC 5
 #endif
 
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
@@ -428,10 +431,10 @@ __device__ __forceinline__ void turn_pass(int wg, float after, int lane, bool pr
       : "memory");
 }
 
-// SAGE_SMAGIC: S of this head dim starts from 1.5 * 2^23's bits (s_magic, four copies), not from zero
-template <int D>
+// SAGE_SMAGIC: S of these kernels starts from 1.5 * 2^23's bits (s_magic, four copies), not from zero
+template <int D, bool CAUSAL>
 __host__ __device__ constexpr bool s_magic_on() {
-  return SAGE_KGROUP && (SAGE_SMAGIC & (D == 64 ? 1 : 2)) != 0;
+  return SAGE_KGROUP && (SAGE_SMAGIC & (D == 128 ? 4 : CAUSAL ? 2 : 1)) != 0;
 }
 __shared__ __align__(16) uint32_t s_magic[4];  // 0x4B400000 (set at the kernel's start)
 constexpr float kMagic = 12582912.0f;           // 1.5 * 2^23
@@ -444,11 +447,11 @@ __device__ __forceinline__ void s_magic_fill(uint32_t (&d)[64]) {
                  : "r"(smem_u32(s_magic)));
 }
 
-template <int D>
+template <int D, bool CAUSAL>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
 #pragma unroll
   for (int kk = 0; kk < D / 32; ++kk)
-    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, s_magic_on<D>() ? 1 : kk);
+    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, s_magic_on<D, CAUSAL>() ? 1 : kk);
 }
 
 // Key order of a K tile in shared memory. The producer loads the tile's 128 keys so that S's accumulator
@@ -716,7 +719,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&empty[s], kCW);
     }
     if (kTurn) turn_zero = 0.f;
-    if (s_magic_on<D>())
+    if (s_magic_on<D, CAUSAL>())
       for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -789,10 +792,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if (wg == 1) named_arrive<kPP>(1);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
-    if constexpr (s_magic_on<D>()) s_magic_fill(sacc);
+    if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
-    issue_s<D>(sacc, dq, sk);
+    issue_s<D, CAUSAL>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
     wg_wait0();
@@ -811,10 +814,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, s_magic_on<D>()>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge,
+      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, s_magic_on<D, CAUSAL>()>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge,
                                                                     n0, kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane,
                                                                     wg);
-      if constexpr (s_magic_on<D>()) s_magic_fill(sacc);  // (S's registers are free from here)
+      if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -833,7 +836,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         fold_tile<D>(o, ot, alpha);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
-        issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+        issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
         wg_commit();
         wg_wait0();
         reg_fence(sacc);
@@ -846,7 +849,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 32; ++kk)
         wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-      issue_s<D>(sacc, dq, sk + s1 * L::kKBytes);
+      issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
       named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
       wg_wait0();
