@@ -1,8 +1,8 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
-instructions, bounded local-memory traffic and the causal hd64 kernels' exp ring, and the Python side falls
-back to the Triton core, with the reason, when the extension cannot be built. Skipped with a note where nvcc
-is absent."""
+instructions, bounded local-memory traffic, the causal hd64 kernels' exp ring and the other kernels' magic
+start of S, and the Python side falls back to the Triton core, with the reason, when the extension cannot be
+built. Skipped with a note where nvcc is absent."""
 import json
 import os
 import re
@@ -103,6 +103,14 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
             assert turns and all(len(re.findall(r"MUFU\.EX2", x)) >= 64 for x in turns), (knobs, name)
         elif d == "64":
             assert not turns, (knobs, name)
+        # S's magic start (SAGE_SMAGIC, default: the non-causal hd64 and all hd128 kernels, with grouped K scales):
+        # S read as floats, no int32 -> fp32 conversion; the accumulator filled by LDS.128 (16 a fill)
+        if "SAGE_KPERM=0" not in knobs:
+            magic = d == "128" or causal == "0"
+            i2fp = len(re.findall(r"I2FP\.F32\.S32", f))
+            assert (i2fp == 0) == magic, (knobs, name, i2fp)
+            if magic:
+                assert len(re.findall(r"LDS\.128 ", f)) >= 32, (knobs, name)  # the first S's fill and the loop's
 
 
 def test_build_failure_falls_back_with_the_reason(monkeypatch, caplog):
