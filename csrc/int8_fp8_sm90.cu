@@ -84,12 +84,14 @@
 // waits, completing it without the waiter (run 70: a causal kernel of that form hung).
 // H200, identical outputs: non-causal 0.90-0.96x (run 74: 545 -> 493-497 TOPS at 17,776 tokens, 2 x 30 heads,
 // 476 -> 458 at 4K; run 69's first form, with a predicated last pass, 0.78x), causal 1.05-1.08x at 4K-17,776
-// tokens (runs 72 and 74: 16K 467-471 -> 493-499), so on for causal only.
+// tokens (runs 72 and 74: 16K 467-471 -> 493-499). With S's magic start (SAGE_SMAGIC, below) the free-running
+// causal kernels are faster still and the ring slows them (run 77: 16K 492-496 with the ring alone, 540
+// free-running with the magic start, 458 with both; 4K 370-372 / 400 / 348), so both are off by default.
 #ifndef SAGE_EXPTURN64
 #define SAGE_EXPTURN64 0
 #endif
 #ifndef SAGE_EXPTURN64C
-#define SAGE_EXPTURN64C 1
+#define SAGE_EXPTURN64C 0
 #endif
 // SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
 // (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
@@ -106,10 +108,12 @@
 // the row max (one FADD a row) and into the exp offset (one FFMA a row: off - 1.5 * 2^23 * factor, rounded
 // once, a per-row shift of the tile's logits below 2^-24 of 1.5 * 2^23 * factor). The accumulator is filled
 // by 16 four-word shared-memory loads a tile (LDS.128) in place of the wgmma's zero start.
-// H200, run 76 (cuda_variants_run76_*): hd64 non-causal 544 -> 562 TOPS at 17,776 tokens (2 x 30 heads), 476 -> 516
-// at 4K; hd128 16K 830-837 -> 874, causal 777-784 -> 830; but hd64 causal (with the exp ring) 492-497 -> 457.
+// H200, kernel only, 2 x 30 heads (cuda_variants_run7[67]_*): hd64 non-causal 544-546 -> 561-563 TOPS at 17,776
+// tokens, 527 -> 549 at 8K, 476-478 -> 516-517 at 4K; hd128 16K 830-837 -> 874, causal 777-784 -> 830, 8K 794 ->
+// 828-841, 4K 724 -> 785-788; hd64 causal 492-496 (with the exp ring, then the default) -> 540 at 16K and 370-372
+// -> 400 at 4K without the ring (457-458 / 348 with it: SAGE_EXPTURN64C is off since).
 #ifndef SAGE_SMAGIC
-#define SAGE_SMAGIC 5
+#define SAGE_SMAGIC 7
 #endif
 
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
@@ -817,7 +821,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, s_magic_on<D, CAUSAL>()>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge,
                                                                     n0, kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane,
                                                                     wg);
-      if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);  // (S's registers are free from here)
+      if constexpr (s_magic_on<D, CAUSAL>() && !kSplit) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -835,6 +839,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         mbar_arrive_one(&empty[s]);  // S of this tile and its PV are done with the stage
         fold_tile<D>(o, ot, alpha);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);  // (after PV: not live beside its operands)
         wg_fence();
         issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
         wg_commit();
