@@ -102,12 +102,12 @@
 #define SAGE_KGROUP SAGE_KPERM  // (its groups are SAGE_KPERM's lanes)
 #endif
 // SAGE_SMAGIC (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones; with SAGE_KGROUP):
-// S accumulates onto 0x4B400000, the
-// bits of the float 1.5 * 2^23, instead of zero, so that each S accumulator read as a float is 1.5 * 2^23 + S
-// exactly (|S| <= 127^2 * 128 < 2^22): no int32 -> fp32 conversion (I2FP, 64 a tile), the constant goes into
-// the row max (one FADD a row) and into the exp offset (one FFMA a row: off - 1.5 * 2^23 * factor, rounded
-// once, a per-row shift of the tile's logits below 2^-24 of 1.5 * 2^23 * factor). The accumulator is filled
-// by 16 four-word shared-memory loads a tile (LDS.128) in place of the wgmma's zero start.
+// S accumulates onto 0x4B400000, the bits of the float 1.5 * 2^23, instead of zero, so that each S accumulator
+// read as a float is 1.5 * 2^23 + S exactly (|S| <= 128^2 * 128 < 2^22): no int32 -> fp32 conversion (I2FP, 64
+// a tile). The constant comes off the row max (one FADD a row, exact) and goes into the exp offset (one FFMA a
+// row, off - 1.5 * 2^23 * factor rounded once: a per-row shift of the tile's logits by at most half an ulp of
+// that offset). The accumulator is filled by 16 four-word shared-memory loads a tile (LDS.128) in place of the
+// wgmma's zero start.
 // H200, kernel only, 2 x 30 heads (cuda_variants_run7[67]_*): hd64 non-causal 544-546 -> 561-563 TOPS at 17,776
 // tokens, 527 -> 549 at 8K, 476-478 -> 516-517 at 4K; hd128 16K 830-837 -> 874, causal 777-784 -> 830, 8K 794 ->
 // 828-841, 4K 724 -> 785-788; hd64 causal 492-496 (with the exp ring, then the default) -> 540 at 16K and 370-372
@@ -677,6 +677,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   static_assert(SAGE_EXPTURN64 == 0 || SAGE_EXPTURN64 == 1, "SAGE_EXPTURN64: 0 or 1");
   static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
   constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
+  constexpr bool kMagic = s_magic_on<D, CAUSAL>();
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
@@ -723,7 +724,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&empty[s], kCW);
     }
     if (kTurn) turn_zero = 0.f;
-    if (s_magic_on<D, CAUSAL>())
+    if (kMagic)
       for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if (wg == 1) named_arrive<kPP>(1);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
-    if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);
+    if constexpr (kMagic) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D, CAUSAL>(sacc, dq, sk);
@@ -818,10 +819,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, s_magic_on<D, CAUSAL>()>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge,
-                                                                    n0, kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane,
-                                                                    wg);
-      if constexpr (s_magic_on<D, CAUSAL>() && !kSplit) s_magic_fill(sacc);  // (S's registers are free from here)
+      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x,
+                                                           kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg);
+      if constexpr (kMagic && !kSplit) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
@@ -839,7 +839,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         mbar_arrive_one(&empty[s]);  // S of this tile and its PV are done with the stage
         fold_tile<D>(o, ot, alpha);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-        if constexpr (s_magic_on<D, CAUSAL>()) s_magic_fill(sacc);  // (after PV: not live beside its operands)
+        if constexpr (kMagic) s_magic_fill(sacc);  // (after PV: not live beside its operands)
         wg_fence();
         issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
         wg_commit();

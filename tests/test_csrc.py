@@ -47,8 +47,7 @@ def compiled(request, tmp_path_factory):
 # default knobs, 4 / 8 with the exp-turn ring (SAGE_EXPTURN64C; its first form, whose predicated last pass put
 # the loop's uniform arithmetic in vector registers, spilled 32), 36 with SAGE_KPERM=0; the non-causal ones
 # nothing since S's magic start (SAGE_SMAGIC; 4 bytes before); bounded here so that growth is caught. The
-# hd128 kernels spill
-# nothing, nor does any kernel without key ranges with SAGE_SPLIT64=1 (PV waited before the next S: 7 %
+# hd128 kernels spill nothing, nor does any kernel with SAGE_SPLIT64=1 (PV waited before the next S: 7 %
 # slower at hd64 causal 16K and at 4K, benchmarks/results/cuda_variants_run15_*). The key-range kernels
 # (KR: mask_structure's masks) are held to the same bounds; the kernels without masks are instruction for
 # instruction those before KR existed (offline SASS diff).
