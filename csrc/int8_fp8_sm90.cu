@@ -42,7 +42,11 @@
 // Build knobs (benchmarks/cuda_variants.py times them; SAGE_COMPILE_CUDA_FLAGS="-DSAGE_KPERM=0 ..." builds one;
 // the defaults are the fastest measured, benchmarks/results/cuda_variants_run1[234]_*.json):
 // SAGE_KPERM 1 loads each K tile in the accumulator's key order (see key_base), 0 in natural order with the
-// P fragment assembled by quad shuffles; SAGE_STAGES128 / SAGE_STAGES64 the depth of the K/V ring.
+// P fragment assembled by quad shuffles; SAGE_STAGES128 / SAGE_STAGES64 / SAGE_STAGES64C the depth of the K/V
+// ring (hd128; hd64 non-causal; hd64 causal, by default SAGE_STAGES64). Run 80 (cuda_variants_run80_*, identical
+// outputs): hd64 with 5 stages 573 vs 561-562 TOPS at 17,776 tokens, 524 vs 512-516 at 4K, but causal 16K 502 vs
+// 537-540 (then one knob for both hd64 kinds; not yet timed split, nor GPU-tested with 5 stages; ptxas then
+// spills 4 / 20 bytes in the non-causal hd64 key-range kernels, which spill nothing with 4).
 #ifndef SAGE_KPERM
 #define SAGE_KPERM 1
 #endif
@@ -51,6 +55,9 @@
 #endif
 #ifndef SAGE_STAGES64
 #define SAGE_STAGES64 4
+#endif
+#ifndef SAGE_STAGES64C
+#define SAGE_STAGES64C SAGE_STAGES64
 #endif
 // SAGE_PINGPONG64 / SAGE_PINGPONG128 0: no turn order between the consumer warpgroups.
 // SAGE_WG64 / SAGE_WG128: consumer warpgroups per CTA (2, or 3 without ping-pong: 192 query rows, 160
@@ -950,10 +957,11 @@ template <int D, typename OutT>
 int dispatch_causal(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& ms,
                     const Params& p, int b, bool causal, cudaStream_t stream) {
   constexpr int kStages = D == 128 ? SAGE_STAGES128 : SAGE_STAGES64;
+  constexpr int kStagesC = D == 128 ? SAGE_STAGES128 : SAGE_STAGES64C;  // causal
   if (p.krange != nullptr)
-    return causal ? launch<D, kStages, true, true, OutT>(mq, mk, mv, ms, p, b, stream)
+    return causal ? launch<D, kStagesC, true, true, OutT>(mq, mk, mv, ms, p, b, stream)
                   : launch<D, kStages, false, true, OutT>(mq, mk, mv, ms, p, b, stream);
-  return causal ? launch<D, kStages, true, false, OutT>(mq, mk, mv, ms, p, b, stream)
+  return causal ? launch<D, kStagesC, true, false, OutT>(mq, mk, mv, ms, p, b, stream)
                 : launch<D, kStages, false, false, OutT>(mq, mk, mv, ms, p, b, stream);
 }
 
