@@ -1,8 +1,8 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
-instructions, bounded local-memory traffic, the causal hd64 kernels' exp ring and the other kernels' magic
-start of S, and the Python side falls back to the Triton core, with the reason, when the extension cannot be
-built. Skipped with a note where nvcc is absent."""
+instructions, bounded local-memory traffic, S's magic start (no int32 -> fp32 conversion) and, where its knobs
+ask for it, the hd64 exp ring, and the Python side falls back to the Triton core, with the reason, when the
+extension cannot be built. Skipped with a note where nvcc is absent."""
 import json
 import os
 import re
