@@ -458,11 +458,11 @@ __device__ __forceinline__ void s_magic_fill(uint32_t (&d)[64]) {
                  : "r"(smem_u32(s_magic)));
 }
 
-template <int D, bool CAUSAL>
+// S = Q K^T of one tile; MAGIC: onto the accumulator's fill (s_magic_fill), else from zero
+template <int D, bool MAGIC>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk)
-    wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, s_magic_on<D, CAUSAL>() ? 1 : kk);
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_n128(sacc, dq + 2 * kk, smem_desc<D>(sk) + 2 * kk, MAGIC ? 1 : kk);
 }
 
 // Key order of a K tile in shared memory. The producer loads the tile's 128 keys so that S's accumulator
@@ -807,7 +807,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if constexpr (kMagic) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
-    issue_s<D, CAUSAL>(sacc, dq, sk);
+    issue_s<D, kMagic>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
     wg_wait0();
@@ -848,7 +848,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         if constexpr (kMagic) s_magic_fill(sacc);  // (after PV: not live beside its operands)
         wg_fence();
-        issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
+        issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
         wg_commit();
         wg_wait0();
         reg_fence(sacc);
@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 #pragma unroll
       for (int kk = 0; kk < kBN / 32; ++kk)
         wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-      issue_s<D, CAUSAL>(sacc, dq, sk + s1 * L::kKBytes);
+      issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
       named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
       wg_wait0();

@@ -100,8 +100,8 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         # (ptxas moves register-only instructions across barriers; the ring holds through shared-memory
         # dependencies) (hd128's ping-pong uses named barriers too: only hd64, which has no ping-pong, is checked)
         turns = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100 ;(.*?)BAR\.ARV R\d+, 0x100 ;", f, re.S)
-        ring = "SAGE_EXPTURN64C=1" if causal == "1" else "SAGE_EXPTURN64=1"
-        if d == "64" and "-D" + ring in knobs.split() and "SAGE_KPERM=0" not in knobs:
+        ring = "-DSAGE_EXPTURN64C=1" if causal == "1" else "-DSAGE_EXPTURN64=1"
+        if d == "64" and ring in knobs.split() and "SAGE_KPERM=0" not in knobs:
             assert turns and all(len(re.findall(r"MUFU\.EX2", x)) >= 64 for x in turns), (knobs, name)
         elif d == "64":
             assert not turns, (knobs, name)
