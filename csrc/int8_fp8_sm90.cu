@@ -123,6 +123,20 @@
 #define SAGE_SMAGIC 7
 #endif
 
+// SAGE_PVLAG (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones; not with
+// SAGE_SPLIT64): PV of tile j completes while the softmax of tile j + 1 takes its row maxima. The turn at the
+// tensor cores issues S of the next tile first and PV of this one after it, in two commit groups; the
+// warpgroup waits for S alone (wait_group 1) and starts the next softmax; once that softmax has its row maxima
+// it waits for PV (wait_group 0) and folds it into O with the previous factors, which alpha still holds. The
+// same arithmetic in the same order for every element: outputs identical to the default build's. The PV
+// accumulator and P~'s fragments (PV's operand) stay live through the row max: at hd64 with three warpgroups
+// (160 registers) ptxas then spills 68-176 bytes, so hd64 pairs it with SAGE_WG64=2 (240 registers: no spill);
+// hd128 spills 12-36 bytes (one to four LDL a tile in the loops). Placed later (after the exps), the wait made
+// every hd128 kernel spill ~100 bytes. Off by default: not yet timed on the H200.
+#ifndef SAGE_PVLAG
+#define SAGE_PVLAG 0
+#endif
+
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
 // ptxas if-converts into ~70-100 predicated instructions on every tile. H200 (cuda_variants_run4[45]_*): the
@@ -237,6 +251,7 @@ __device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // keeps the compiler from moving uses of wgmma registers across the asynchronous region
 template <int N>
@@ -447,6 +462,11 @@ template <int D, bool CAUSAL>
 __host__ __device__ constexpr bool s_magic_on() {
   return SAGE_KGROUP && (SAGE_SMAGIC & (D == 128 ? 4 : CAUSAL ? 2 : 1)) != 0;
 }
+// SAGE_PVLAG: PV of a tile lags into the next tile's softmax in these kernels
+template <int D, bool CAUSAL>
+__host__ __device__ constexpr bool pv_lag_on() {
+  return (SAGE_PVLAG & (D == 128 ? 4 : CAUSAL ? 2 : 1)) != 0;
+}
 __shared__ __align__(16) uint32_t s_magic[4];  // 0x4B400000 (set at the kernel's start)
 constexpr float kMagic = 12582912.0f;           // 1.5 * 2^23
 // the accumulator filled with 0x4B400000 (volatile loads: one LDS.128 per four registers, not merged)
@@ -514,11 +534,13 @@ struct EdgeMask {
   static constexpr int value = E;
 };
 
-template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN, bool MAGIC>
+// after_max() runs once the row maxima are known, before the rescale factors are updated (SAGE_PVLAG: the
+// previous tile's PV is waited for and folded there).
+template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN, bool MAGIC, typename AfterMax>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
-                                             int t, int lane, int wg) {
+                                             int t, int lane, int wg, AfterMax after_max) {
   const bool mask = EDGE == 1 || (EDGE == 2 && edge);
   float z[64];
   // under `mask` (the tile crosses an end of the key range [klo, khi) or the causal diagonal): this
@@ -585,6 +607,7 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
   mx0 *= qsc0;
   mx1 *= qsc1;
+  after_max();  // (alpha still holds the previous tile's factors here)
   const float mn0 = fmaxf(m_i[0], mx0), mn1 = fmaxf(m_i[1], mx1);
   const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
   alpha[0] = ex2(m_i[0] - mu0);
@@ -685,6 +708,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
   constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
   constexpr bool kMagic = s_magic_on<D, CAUSAL>();
+  constexpr bool kLag = pv_lag_on<D, CAUSAL>();
+  static_assert(!(kLag && kSplit), "SAGE_PVLAG and SAGE_SPLIT64 exclude each other");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
@@ -801,6 +826,15 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // scales' -1.5 * 2^23 * dK products precomputed by a producer warp (27 instructions fewer a tile), within
     // the 2-4 % spread of identical builds at hd128 and 4-7 % slower at hd64 (spills).
     uint32_t sacc[64];  // the first wgmma of each S starts a fresh sum (scale-d 0)
+    // kLag: PV's accumulator and P~'s fragments outlive a tile (its PV completes in the next one's softmax);
+    // the first tile folds a zero tile with factor 1
+    float ot_lag[D / 2];
+    uint32_t pa_lag[4][4];
+    if constexpr (kLag) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) ot_lag[i] = 0.f;
+      alpha[0] = alpha[1] = 1.f;
+    }
     if (wg == 1) named_arrive<kPP>(1);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
@@ -825,9 +859,41 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       if constexpr (kEdge != 0) kr = key_range<KR>(srange, p.lk);
       const int n0 = ((KR ? kr.x / kBN : 0) + j) * kBN;
       const bool edge = (n0 + kBN > kr.y) || (KR && n0 < kr.x) || (CAUSAL && (n0 + kBN - 1 > wg_first + p.coff));
+      if constexpr (kLag) {
+        // the previous tile's PV is in flight: waited for and folded (with that tile's factors, still in
+        // alpha) once this tile's row maxima are known
+        auto fold_prev = [&]() {
+          // this tile's V first: its try-wait loop is a branch, which ptxas does not hoist the wait_group across
+          // (alone, the wait_group went to the top of the softmax, before the row max: no overlap)
+          mbar_wait(&v_full[s], parity);
+          wg_wait0();
+          reg_fence(ot_lag);
+          if (j > 0) mbar_arrive_one(&empty[(j + STAGES - 1) % STAGES]);  // that tile's stage is free
+          fold_tile<D>(o, ot_lag, alpha);
+        };
+        softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa_lag, m_i, l_i, alpha, ss + s * kBN, edge, n0,
+                                                             kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg, fold_prev);
+        if constexpr (kMagic) s_magic_fill(sacc);
+        const bool more = j + 1 < n_tiles;
+        const int s1 = more ? (j + 1) % STAGES : s;
+        // the turn: S of the next tile (its own commit group), then PV of this one; wait for S alone
+        named_sync<kPP>(my_bar);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
+        wg_fence();
+        issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 32; ++kk)
+          wgmma_pv<D>(ot_lag, pa_lag[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
+        wg_commit();
+        named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));
+        wg_wait1();
+        reg_fence(sacc);
+        return;
+      }
       uint32_t pa[4][4];
       softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x,
-                                                           kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg);
+                                                           kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg, [] {});
       if constexpr (kMagic && !kSplit) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
@@ -886,6 +952,11 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
     // warpgroup's final pass here, so that no barrier is left with an arrival
     if (kTurn && wg == 0) turn_wait(0);
+    if constexpr (kLag) {  // the last tile's PV
+      wg_wait0();
+      reg_fence(ot_lag);
+      fold_tile<D>(o, ot_lag, alpha);
+    }
   }
 
   // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)

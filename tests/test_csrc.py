@@ -1,7 +1,7 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
 instructions, bounded local-memory traffic, S's magic start (no int32 -> fp32 conversion) and, where its knobs
-ask for it, the hd64 exp ring, and the Python side falls back to the Triton core, with the reason, when the
+ask for it, the hd64 exp ring and PV's lag into the next softmax, and the Python side falls back to the Triton core, with the reason, when the
 extension cannot be built. Skipped with a note where nvcc is absent."""
 import json
 import os
@@ -27,8 +27,11 @@ def _cuobjdump():
     return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
 
 
+LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 with two warpgroups: no spills)
+
+
 @pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
-                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1"])
+                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -51,13 +54,35 @@ def compiled(request, tmp_path_factory):
 # slower at hd64 causal 16K and at 4K, benchmarks/results/cuda_variants_run15_*). The key-range kernels
 # (KR: mask_structure's masks) are held to the same bounds; the kernels without masks are instruction for
 # instruction those before KR existed (offline SASS diff).
+# SAGE_PVLAG keeps PV's accumulator and operand live through the next row max: 12-36 bytes at hd128; at hd64
+# it comes with two warpgroups (SAGE_WG64=2, 240 registers), which spill nothing.
 HD64_SPILL_BYTES = {False: 0, True: 24}  # by causal
 
 
 def _spill_limit(knobs: str, d: str, causal: bool) -> int:
+    if "SAGE_PVLAG=7" in knobs:
+        return 40 if d == "128" else 0
     if "SAGE_KPERM=0" in knobs and d == "64":
         return 40
     return HD64_SPILL_BYTES[causal] if d == "64" and "SAGE_SPLIT64=1" not in knobs else 0
+
+
+def _tile_loops(f: str) -> list:
+    """The tile loops of one function's SASS: the bodies (instruction texts) of backward branches that hold one
+    tile's exps (64 of P~ and 2 rescale factors) and no smaller such body, nor an EXIT (a retry stub's branch
+    back into a loop from past the kernel's end spans more than the loop)."""
+    ins = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", f)
+    addr = {int(a, 16): i for i, (a, _) in enumerate(ins)}
+    spans = []  # (first, last) instruction index of each backward branch's body with a tile's exps
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < int(a, 16) and int(m.group(1), 16) in addr:
+            lo = addr[int(m.group(1), 16)]
+            body = [t for _, t in ins[lo: i + 1]]
+            if 64 <= sum("MUFU.EX2" in t for t in body) <= 70 and not any(t.startswith("EXIT") for t in body):
+                spans.append((lo, i))
+    return [[t for _, t in ins[lo: hi + 1]] for lo, hi in spans
+            if not any(lo <= x and y <= hi and (x, y) != (lo, hi) for x, y in spans)]
 
 
 def test_kernel_compiles_for_sm90a_without_spills(compiled):
@@ -93,8 +118,19 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert local <= (12 if _spill_limit(knobs, d, causal == "1") else 0), (knobs, name, local)
         # asynchronous: the wgmmas of a turn are issued back to back, one wait for the first S and one for
         # PV + next S in each tile loop (SAGE_EDGELOOP; a key range's first tile at hd128 one more), two with
-        # SAGE_SPLIT64 (a serialized kernel waits after every wgmma: 20+ waits)
-        assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= 5, name
+        # SAGE_SPLIT64 or SAGE_PVLAG (a serialized kernel waits after every wgmma: 20+ waits)
+        lag = "SAGE_PVLAG=7" in knobs
+        assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= (8 if lag else 5), name
+        loops = _tile_loops(f)
+        assert loops, name
+        for body in loops:  # SAGE_PVLAG: S waited alone; PV waited after (most of) the next tile's row max
+            waits = [t for t in body if t.startswith("WARPGROUP.DEPBAR")]
+            if lag:
+                assert [w.split()[-1] for w in waits] == ["0x0", "0x1"], (name, waits)
+                first = next(i for i, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR"))
+                assert sum(t.startswith("FMNMX") for t in body[:first]) >= 48, name
+            else:
+                assert len(waits) <= 1 + ("SAGE_SPLIT64=1" in knobs), (name, waits)
         # the exp ring (SAGE_EXPTURN64 / SAGE_EXPTURN64C, off by default; hd64 kernels with grouped K scales): in
         # each tile loop every exp of the tile sits between the warpgroup's wait for its turn and its pass
         # (ptxas moves register-only instructions across barriers; the ring holds through shared-memory
