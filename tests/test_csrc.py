@@ -286,6 +286,40 @@ def test_core_choice_is_cached_on_disk(monkeypatch, tmp_path):
     assert not (tmp_path / "int8_fp8_core.json").exists()
 
 
+@pytest.mark.parametrize("times,timed,cuda_wins", [
+    ({"cuda": 1.0, "quick": 1.2}, ["cuda", "quick"], True),  # beats the one configuration by > 10 %
+    ({"cuda": 1.3, "quick": 1.2}, ["cuda", "quick"], False),  # slower than it: slower than the autotuned too
+    ({"cuda": 1.0, "quick": 1.05, "triton": 0.95}, ["cuda", "quick", "triton"], False),  # close: autotuned
+    ({"cuda": 1.0, "quick": 1.05, "triton": 1.02}, ["cuda", "quick", "triton"], True),
+])
+def test_core_choice_times_one_triton_configuration_first(monkeypatch, times, timed, cuda_wins):
+    """prefer_cuda with the Triton core's one-configuration run: the autotuned core (every configuration
+    compiled and timed) is timed only where the CUDA core is within QUICK_MARGIN of that run."""
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setenv("SAGE_COMPILE_CACHE_DIR", "")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(cuda, "_cache_scope", lambda device: "H200|a")
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
+    monkeypatch.setattr(cuda, "_choice", {})
+    monkeypatch.setattr(cuda, "_unmeasured", set())
+    seen = []
+    monkeypatch.setattr(cuda, "_time", lambda fn: (seen.append(fn()), times[seen[-1]])[1])
+    q8 = torch.zeros(1, 2, 300, 64, dtype=torch.int8)
+    got = cuda.prefer_cuda(q8, q8, "none", lambda: "cuda", lambda: "triton", lambda: "quick")
+    assert got is cuda_wins and seen == timed
+    assert cuda.prefer_cuda(q8, q8, "none", lambda: "cuda", lambda: "triton", lambda: "quick") is cuda_wins
+    assert seen == timed  # cached in the process
+
+
+def test_quick_configuration_is_one_of_the_autotuners():
+    """The one-configuration run bounds the autotuned time only if the autotuner tries that configuration."""
+    from sage_compile.kernels.int8_fp8 import attention as A
+
+    tried = {(c.kwargs["BLOCK_M"], c.num_warps, c.num_stages) for c in A._configs()}
+    assert set(A.QUICK_CONFIG) == {64, 128} and set(A.QUICK_CONFIG.values()) <= tried
+
+
 def test_build_name_follows_the_sources(tmp_path):
     from sage_compile.kernels.int8_fp8 import cuda
 

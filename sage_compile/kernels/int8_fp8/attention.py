@@ -78,9 +78,15 @@ def _tile(acc, m_i, l_i, q, qs, K8, KS, V8, MASK, n0, offs_m, LQ, LK, D: tl.cons
     return acc, m_new, l_i
 
 
+_CONFIGS = ((128, 8, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4))  # (BLOCK_M, warps, stages)
+# the autotuner's fastest at N=16K on the H200 by head dim (results/tune_int8_fp8_h200.log: hd64 431 TOPS,
+# hd128 653): the configuration cuda.prefer_cuda times the Triton core at before (or instead of) autotuning it
+QUICK_CONFIG = {64: (128, 4, 2), 128: (64, 4, 3)}
+
+
 def _configs():
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": BLOCK_N, "WS": False, "PV": 0}, num_warps=w, num_stages=s)
-            for bm, w, s in ((128, 8, 3), (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 4, 4))]
+            for bm, w, s in _CONFIGS]
 
 
 @triton.jit
@@ -332,11 +338,16 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
             def run_cuda():
                 return cuda.attention(q8, qs, k8, ks, v8, vs, causal, scale, out, (sob, soh, son))
 
+            def run_quick():  # one configuration of the autotuner's (QUICK_CONFIG), no autotuning
+                bm, w, st = QUICK_CONFIG[q8.shape[3]]
+                run_body(dict(BLOCK_M=bm, num_warps=w, num_stages=st))
+                return out
+
             try:
                 if ranged:  # the unmasked shape's measured choice where there is one, else the CUDA core
                     if core == "cuda" or cuda.known_choice(q8, k8, causal) is not False:
                         return run_ranged()
-                elif core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton):
+                elif core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton, run_quick):
                     return run_cuda()
             except RuntimeError as e:  # the launcher refused (a TORCH_CHECK): the Triton core serves
                 cuda.note_failure(e)

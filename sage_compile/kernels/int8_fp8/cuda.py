@@ -312,19 +312,33 @@ def known_choice(q8, k8, causal: str) -> Optional[bool]:
     return _choice.get(key)
 
 
-def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton) -> bool:
+QUICK_MARGIN = 0.10  # see prefer_cuda
+
+
+def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton, run_triton_quick=None) -> bool:
     """``auto``: whether the CUDA core is faster on this shape bucket (measured once, cached in the
-    process and in :func:`choice_cache_path`)."""
+    process and in :func:`choice_cache_path`).
+
+    ``run_triton`` is the autotuned Triton core: its first call compiles and times every configuration
+    (~9 s of a first call at CogVideoX's shape on the H200, run 78). ``run_triton_quick``, the Triton core at one
+    configuration of its autotuner's list, comes first when given: it bounds the autotuned time from above,
+    so a CUDA core slower than it loses, and one faster by more than :data:`QUICK_MARGIN` wins without the
+    autotuner; in between the autotuned core is timed."""
     key = _bucket(q8, k8, causal)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return True
         t0 = time.perf_counter()
         if known_choice(q8, k8, causal) is None:
-            t_cuda, t_triton = _time(run_cuda), _time(run_triton)
-            _choice[key] = t_cuda <= t_triton
+            t_cuda = _time(run_cuda)
+            t_quick = _time(run_triton_quick) if run_triton_quick is not None else None
+            if t_quick is not None and (t_cuda > t_quick or t_cuda * (1 + QUICK_MARGIN) <= t_quick):
+                _choice[key], t_triton, how = t_cuda <= t_quick, t_quick, "one configuration"
+            else:
+                t_triton, how = _time(run_triton), "autotuned"
+                _choice[key] = t_cuda <= t_triton
             _save_choice(_cache_scope(q8.device), repr(key[:-1]), _choice[key])
-            log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %.3f ms)", key,
-                      "cuda" if _choice[key] else "triton", t_cuda, t_triton)
+            log.debug("sage_compile: int8_fp8 core for %s: %s (cuda %.3f ms, triton %s %.3f ms)", key,
+                      "cuda" if _choice[key] else "triton", t_cuda, how, t_triton)
         _state["select_s"] += time.perf_counter() - t0
     return _choice[key]
