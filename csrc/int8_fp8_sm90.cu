@@ -130,11 +130,19 @@
 // it waits for PV (wait_group 0) and folds it into O with the previous factors, which alpha still holds. The
 // same arithmetic in the same order for every element: outputs identical to the default build's. The PV
 // accumulator and P~'s fragments (PV's operand) stay live through the row max: at hd64 with three warpgroups
-// (160 registers) ptxas then spills 68-176 bytes, so hd64 pairs it with SAGE_WG64=2 (240 registers: no spill);
-// hd128 spills 12-36 bytes (one to four LDL a tile in the loops). Placed later (after the exps), the wait made
-// every hd128 kernel spill ~100 bytes. Off by default: not yet timed on the H200.
+// (160 registers) ptxas then spills 64-216 bytes, so hd64 pairs it with SAGE_WG64=2 (240 registers: no spill);
+// hd128 spills 0-4 bytes (with the warpgroup index warp-uniform, as SAGE_WGSHFL; 12-36 without). Placed later
+// (after the exps), the wait made every hd128 kernel spill ~100 bytes. Off by default: not yet timed on the H200.
 #ifndef SAGE_PVLAG
 #define SAGE_PVLAG 0
+#endif
+// SAGE_WGSHFL 1: the consumer's warpgroup index comes through a shuffle from lane 0, so that ptxas knows it is
+// warp-uniform (as SAGE_PVLAG and the exp ring always do): Q's descriptor and the named-barrier ids move to uniform
+// registers. Offline SASS: the tile loops 7-11 instructions shorter (hd64 448 -> 441, causal 656 -> 645, hd128
+// 495 -> 484, causal 692 -> 681) and no kernel spills (the causal hd64 ones spill 16 bytes without it); with
+// SAGE_PVLAG it takes hd128's spills from 12-36 bytes to 0-4. Off by default: not yet timed on the H200.
+#ifndef SAGE_WGSHFL
+#define SAGE_WGSHFL 0
 #endif
 
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
@@ -794,8 +802,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 
   // consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<D>()));
-  // (with the exp ring, the warpgroup index through a shuffle from lane 0: ptxas then treats it as warp-uniform)
-  const int wg = kTurn ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
+  // (with the exp ring, SAGE_PVLAG or SAGE_WGSHFL, the warpgroup index through a shuffle from lane 0: ptxas then
+  // treats it as warp-uniform, and what derives from it (Q's descriptor, the barrier ids) lives in uniform registers)
+  const int wg = kTurn || kLag || SAGE_WGSHFL ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
   const int w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
