@@ -144,6 +144,13 @@
 #ifndef SAGE_WGSHFL
 #define SAGE_WGSHFL 0
 #endif
+// SAGE_IMAX 1 (with S's magic start): the row max over the logits' bits as int32 (1.5 * 2^23 + S is a positive
+// float, a masked logit -inf, negative as int32, so the int order is the float order), where sm90 has a
+// three-input max (VIMNMX3) and the float max has two inputs (FMNMX): the same maxima in about half the
+// instructions. Off by default: not yet timed on the H200.
+#ifndef SAGE_IMAX
+#define SAGE_IMAX 0
+#endif
 
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
@@ -512,6 +519,24 @@ __device__ __forceinline__ float tree_max(const float* x) {  // max over x[0..N)
     return fmaxf(tree_max<N / 2>(x), tree_max<N / 2>(x + N / 2));
   }
 }
+// max over x[0..N) as int32 in three-input steps (max(max(a, b), c) is one VIMNMX3 on sm90): each level takes
+// the maxima of consecutive triples and carries the one or two left over, so 32 values take 15 three-input
+// maxima and one two-input one (depth 4)
+template <int N>
+__device__ __forceinline__ int tree_imax(const int* x) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else if constexpr (N == 2) {
+    return max(x[0], x[1]);
+  } else {
+    int y[N / 3 + N % 3];
+#pragma unroll
+    for (int i = 0; i < N / 3; ++i) y[i] = max(max(x[3 * i], x[3 * i + 1]), x[3 * i + 2]);
+#pragma unroll
+    for (int i = 0; i < N % 3; ++i) y[N / 3 + i] = x[N / 3 * 3 + i];
+    return tree_imax<N / 3 + N % 3>(y);
+  }
+}
 template <int N>
 __device__ __forceinline__ float tree_sum(const float* x) {
   if constexpr (N == 1) {
@@ -595,7 +620,19 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
   }
   float r[2][32];
   split_rows(z, r);
-  float mx0 = tree_max<32>(r[0]), mx1 = tree_max<32>(r[1]);
+  float mx0, mx1;
+  if constexpr (MAGIC && SAGE_IMAX) {
+    // the logits so far are 1.5 * 2^23 + S (positive floats) or a masked -inf (negative as int32): their bits
+    // order as int32 as the floats do, and the integer max has three inputs on sm90 (VIMNMX3)
+    int ri[2][32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) ri[0][i] = __float_as_int(r[0][i]), ri[1][i] = __float_as_int(r[1][i]);
+    mx0 = __int_as_float(tree_imax<32>(ri[0]));
+    mx1 = __int_as_float(tree_imax<32>(ri[1]));
+  } else {
+    mx0 = tree_max<32>(r[0]);
+    mx1 = tree_max<32>(r[1]);
+  }
 #if SAGE_KGROUP
   if constexpr (MAGIC) {  // exact: both in [2^23, 2^24) (-inf stays -inf)
     mx0 -= kMagic;

@@ -1,7 +1,7 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
 instructions, bounded local-memory traffic, S's magic start (no int32 -> fp32 conversion) and, where its knobs
-ask for it, the hd64 exp ring and PV's lag into the next softmax, and the Python side falls back to the Triton core, with the reason, when the
+ask for it, the hd64 exp ring, PV's lag into the next softmax and the three-input integer row max, and the Python side falls back to the Triton core, with the reason, when the
 extension cannot be built. Skipped with a note where nvcc is absent."""
 import json
 import os
@@ -31,7 +31,7 @@ LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 w
 
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
-                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG, "-DSAGE_WGSHFL=1"])
+                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG, "-DSAGE_WGSHFL=1 -DSAGE_IMAX=1"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -56,7 +56,7 @@ def compiled(request, tmp_path_factory):
 # instruction those before KR existed (offline SASS diff).
 # SAGE_PVLAG keeps PV's accumulator and operand live through the next row max: 0-4 bytes at hd128 (with the
 # warpgroup index warp-uniform, which it implies); at hd64 it comes with two warpgroups (SAGE_WG64=2, 240
-# registers), which spill nothing. SAGE_WGSHFL alone (the uniform index): no kernel spills.
+# registers), which spill nothing. SAGE_WGSHFL (the uniform index; here with SAGE_IMAX): no kernel spills.
 HD64_SPILL_BYTES = {False: 0, True: 24}  # by causal
 
 
@@ -128,12 +128,20 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert loops, name
         for body in loops:  # SAGE_PVLAG: S waited alone; PV waited after (most of) the next tile's row max
             waits = [t for t in body if t.startswith("WARPGROUP.DEPBAR")]
+            maxes = [i for i, t in enumerate(body) if t.startswith(("FMNMX", "VIMNMX"))]
             if lag:
                 assert [w.split()[-1] for w in waits] == ["0x0", "0x1"], (name, waits)
                 first = next(i for i, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR"))
-                assert sum(t.startswith("FMNMX") for t in body[:first]) >= 48, name
+                assert sum(i < first for i in maxes) >= 0.7 * len(maxes), name
             else:
                 assert len(waits) <= 1 + ("SAGE_SPLIT64=1" in knobs), (name, waits)
+            # SAGE_IMAX: the row maxima on the logits' bits, three inputs a step (15 VIMNMX3 a row); without
+            # it, two-input float maxima (31 FMNMX a row)
+            three = sum(t.startswith("VIMNMX3") for t in body)
+            if "SAGE_IMAX=1" in knobs:
+                assert three >= 30 and len(maxes) <= 40, (name, three, len(maxes))
+            else:
+                assert three == 0 and len(maxes) >= 62, (name, len(maxes))
         # the exp ring (SAGE_EXPTURN64 / SAGE_EXPTURN64C, off by default; hd64 kernels with grouped K scales): in
         # each tile loop every exp of the tile sits between the warpgroup's wait for its turn and its pass
         # (ptxas moves register-only instructions across barriers; the ring holds through shared-memory
