@@ -473,14 +473,19 @@ __device__ __forceinline__ void turn_pass(int wg, float after, int lane, bool pr
 }
 
 // SAGE_SMAGIC: S of these kernels starts from 1.5 * 2^23's bits (s_magic, four copies), not from zero
+// the bit of a per-kernel-kind knob (SAGE_SMAGIC, SAGE_PVLAG): 1 non-causal hd64, 2 causal hd64, 4 hd128
+template <int D, bool CAUSAL>
+__host__ __device__ constexpr int kind_bit() {
+  return D == 128 ? 4 : CAUSAL ? 2 : 1;
+}
 template <int D, bool CAUSAL>
 __host__ __device__ constexpr bool s_magic_on() {
-  return SAGE_KGROUP && (SAGE_SMAGIC & (D == 128 ? 4 : CAUSAL ? 2 : 1)) != 0;
+  return SAGE_KGROUP && (SAGE_SMAGIC & kind_bit<D, CAUSAL>()) != 0;
 }
 // SAGE_PVLAG: PV of a tile lags into the next tile's softmax in these kernels
 template <int D, bool CAUSAL>
 __host__ __device__ constexpr bool pv_lag_on() {
-  return (SAGE_PVLAG & (D == 128 ? 4 : CAUSAL ? 2 : 1)) != 0;
+  return (SAGE_PVLAG & kind_bit<D, CAUSAL>()) != 0;
 }
 __shared__ __align__(16) uint32_t s_magic[4];  // 0x4B400000 (set at the kernel's start)
 constexpr float kMagic = 12582912.0f;           // 1.5 * 2^23

@@ -1,8 +1,9 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
 instructions, bounded local-memory traffic, S's magic start (no int32 -> fp32 conversion) and, where its knobs
-ask for it, the hd64 exp ring, PV's lag into the next softmax and the three-input integer row max, and the Python side falls back to the Triton core, with the reason, when the
-extension cannot be built. Skipped with a note where nvcc is absent."""
+ask for it, the hd64 exp ring, PV's lag into the next softmax and the three-input integer row max, and the
+Python side falls back to the Triton core, with the reason, when the extension cannot be built. Skipped with a
+note where nvcc is absent."""
 import json
 import os
 import re
@@ -127,12 +128,12 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         loops = _tile_loops(f)
         assert loops, name
         for body in loops:  # SAGE_PVLAG: S waited alone; PV waited after (most of) the next tile's row max
-            waits = [t for t in body if t.startswith("WARPGROUP.DEPBAR")]
+            at = [i for i, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR")]
+            waits = [body[i] for i in at]
             maxes = [i for i, t in enumerate(body) if t.startswith(("FMNMX", "VIMNMX"))]
             if lag:
                 assert [w.split()[-1] for w in waits] == ["0x0", "0x1"], (name, waits)
-                first = next(i for i, t in enumerate(body) if t.startswith("WARPGROUP.DEPBAR"))
-                assert sum(i < first for i in maxes) >= 0.7 * len(maxes), name
+                assert sum(i < at[0] for i in maxes) >= 0.7 * len(maxes), name
             else:
                 assert len(waits) <= 1 + ("SAGE_SPLIT64=1" in knobs), (name, waits)
             # SAGE_IMAX: the row maxima on the logits' bits, three inputs a step (15 VIMNMX3 a row); without
