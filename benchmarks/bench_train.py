@@ -5,7 +5,9 @@
 TFLOP/s = 3.5 x forward FLOPs (4·B·H·N²·D, halved for causal) / time of forward + backward (issue 5's
 convention), ``triton.testing.do_bench`` median; the sage row includes its quantization prologues (forward
 and backward re-quantize Q, K, V); ``int8_train`` with the paper's per-tile ψ(P), ψ(dS) scales,
-``int8_train_split`` with ``Options(int8_train_psi="split")`` (one scale per row of each matmul's operand).
+``int8_train_split`` with ``Options(int8_train_psi="split")`` (one scale per row of each matmul's operand),
+``int8_train_split_cuda`` the same with ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (dK/dV on the CUDA sm90 kernel;
+left out, with the reason, where that kernel did not build).
 Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
 tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
 """
@@ -33,6 +35,7 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import sage_compile
+    from sage_compile.kernels.int8_train import cuda as train_cuda
 
     meta = gpu_meta(inputs="gaussian", heads=16)
     recs = []
@@ -59,6 +62,7 @@ def main():
                 fns = {
                     "int8_train": sage(tile, causal),
                     "int8_train_split": sage(split, causal),
+                    "int8_train_split_cuda": sage(split, causal),
                     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
                     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
                 }
@@ -69,18 +73,25 @@ def main():
                             o = f(q, k, v)
                             torch.autograd.grad(o, (q, k, v), do)
 
+                        os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda" if name.endswith("_cuda") else "triton"
                         ms = triton.testing.do_bench(step, warmup=10, rep=100)
                         with torch.no_grad():
                             ms_f = triton.testing.do_bench(lambda: f(q, k, v), warmup=10, rep=100)
                     except Exception as e:  # reported, the others still run
                         print(f"{name} N={n}: {type(e).__name__}: {str(e)[:200]}", flush=True)
                         continue
+                    finally:
+                        os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
+                    if name.endswith("_cuda") and not train_cuda.status()["built"]:
+                        print(f"{name}: not built ({train_cuda.status()['error']}), left out", flush=True)
+                        continue
                     row[name] = 3.5 * flops / ms / 1e9
                     base = dict(meta, kernel=name, head_dim=hd, seq_len=n, batch=b, causal=causal)
                     recs.append(dict(base, variant="fwd_bwd", metric="fwd_bwd_tflops", value=row[name]))
                     recs.append(dict(base, variant="fwd_bwd", metric="ms", value=ms))
                     recs.append(dict(base, variant="fwd", metric="tops", value=flops / ms_f / 1e9))
-                ratios = {s: row[s] / row["sdpa_cudnn"] for s in ("int8_train", "int8_train_split")
+                ratios = {s: row[s] / row["sdpa_cudnn"] for s in ("int8_train", "int8_train_split",
+                                                                  "int8_train_split_cuda")
                           if row.get(s) and row.get("sdpa_cudnn")}
                 print(f"hd{hd} {'causal' if causal else 'full  '} N={n:6d} B={b:2d}  " +
                       "  ".join(f"{k} {v:6.1f}" for k, v in row.items()) +

@@ -4,7 +4,7 @@ Environment (conventions.md): ``SAGE_COMPILE=1`` (global enable, handled by :mod
 ``SAGE_COMPILE_KERNEL=<scheme|auto>``, ``SAGE_COMPILE_DUMP=<dir>``, ``SAGE_COMPILE_STRICT=1``,
 ``SAGE_COMPILE_INT8_FP8_CORE=auto|triton|cuda`` (which implementation of the ``int8_fp8`` core runs on
 CUDA: an implementation choice with the same numerics, read at call time, not part of what a compiled
-graph depends on).
+graph depends on), ``SAGE_COMPILE_INT8_TRAIN_CORE=triton|cuda`` (the same for ``int8_train``'s dK/dV kernel).
 """
 from __future__ import annotations
 
@@ -133,6 +133,20 @@ def int8_fp8_core(environ=None) -> str:
     v = env.get("SAGE_COMPILE_INT8_FP8_CORE", "auto").strip().lower() or "auto"
     if v not in INT8_FP8_CORES:
         raise ValueError(f"sage_compile: SAGE_COMPILE_INT8_FP8_CORE must be one of {INT8_FP8_CORES}, got {v!r}")
+    return v
+
+
+INT8_TRAIN_CORES = ("triton", "cuda")
+
+
+def int8_train_core(environ=None) -> str:
+    """``SAGE_COMPILE_INT8_TRAIN_CORE``: ``triton`` (default) or ``cuda``: the CUDA sm90 dK/dV kernel of the
+    ``psi="split"`` backward wherever it supports the call (not yet run on a GPU, so never chosen by
+    default). See :mod:`sage_compile.kernels.int8_train.cuda`."""
+    env = os.environ if environ is None else environ
+    v = env.get("SAGE_COMPILE_INT8_TRAIN_CORE", "triton").strip().lower() or "triton"
+    if v not in INT8_TRAIN_CORES:
+        raise ValueError(f"sage_compile: SAGE_COMPILE_INT8_TRAIN_CORE must be one of {INT8_TRAIN_CORES}, got {v!r}")
     return v
 
 

@@ -37,6 +37,7 @@ import torch
 log = logging.getLogger("sage_compile")
 
 SOURCES = ("int8_fp8_sm90.cu", "int8_fp8_sm90_bind.cpp")
+HEADERS = ("sm90_common.cuh",)  # included by the sources: part of the build's hash
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 LOG2E = 1.4426950408889634
 
@@ -56,10 +57,10 @@ _unmeasured: set = set()
 _failures: set = set()
 
 
-def source_paths() -> list[str]:
-    """Paths of the CUDA sources (installed as the ``sage_compile.csrc`` package data)."""
+def source_paths(names=SOURCES) -> list[str]:
+    """Paths of the CUDA sources ``names`` (installed as the ``sage_compile.csrc`` package data)."""
     root = resources.files("sage_compile.csrc")
-    return [str(root / name) for name in SOURCES]
+    return [str(root / name) for name in names]
 
 
 def cuda_flags(extra: tuple = ()) -> tuple:
@@ -68,33 +69,40 @@ def cuda_flags(extra: tuple = ()) -> tuple:
     return CUDA_FLAGS + tuple(os.environ.get("SAGE_COMPILE_CUDA_FLAGS", "").split()) + tuple(extra)
 
 
-def _build_name(paths, flags) -> str:
+def _build_name(paths, flags, prefix: str = "sage_int8_fp8_sm90") -> str:
     h = hashlib.sha256()
     for p in paths:
         with open(p, "rb") as f:
             h.update(f.read())
     h.update(" ".join(flags).encode())
     h.update(torch.__version__.encode())
-    return f"sage_int8_fp8_sm90_{h.hexdigest()[:12]}"
+    return f"{prefix}_{h.hexdigest()[:12]}"
 
 
-def build(extra: tuple = ()):
-    """Compile (or find in torch's extension cache) and import the extension with :func:`cuda_flags`
-    ``(extra)``; raises on failure. :func:`load` is the guarded, once-per-process entry."""
+def build_extension(prefix: str, sources: tuple, extra: tuple = ()):
+    """Compile (or find in torch's extension cache) and import the extension of ``sources`` (csrc file names)
+    with :func:`cuda_flags` ``(extra)``, named ``prefix`` + the hash of the sources, :data:`HEADERS` and the
+    flags; raises on failure."""
     from torch.utils import cpp_extension
 
-    paths, flags = source_paths(), cuda_flags(extra)
+    paths, flags = source_paths(sources), cuda_flags(extra)
     old = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
     try:
-        return cpp_extension.load(name=_build_name(paths, flags), sources=paths, extra_cuda_cflags=list(flags),
-                                  extra_cflags=["-O3"],
+        return cpp_extension.load(name=_build_name(paths + source_paths(HEADERS), flags, prefix), sources=paths,
+                                  extra_cuda_cflags=list(flags), extra_cflags=["-O3"],
                                   verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
     finally:
         if old is None:
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+def build(extra: tuple = ()):
+    """Compile (or find in torch's extension cache) and import the extension with :func:`cuda_flags`
+    ``(extra)``; raises on failure. :func:`load` is the guarded, once-per-process entry."""
+    return build_extension("sage_int8_fp8_sm90", SOURCES, extra)
 
 
 def prebuild() -> None:

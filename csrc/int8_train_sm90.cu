@@ -1,0 +1,480 @@
+// SageBwd dK / dV for Hopper (sm_90a): the int8_train backward's key-side kernel with psi="split" numerics.
+//
+// Same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and the
+// reference (sage_compile/reference/int8_train.py, shared/docs/numerics.md §4): for each key block and each
+// 64-query step, S^T = k̂·q̂^T in INT8 (exact int32) times the K (64 keys) and Q (128 queries) scales and the
+// softmax scale, P^T = exp2(S^T - LSE2); ψ(P^T) with one scale per key over the 64 queries; dV += ψ(P^T)·ψ(dO)
+// in INT8 (dO: one scale per 128 queries); dP^T = V̂·dO^T in 16 bits with fp32 accumulation; dS^T = P^T ∘
+// (dP^T - delta); ψ(dS^T) per key over the 64 queries; dK += ψ(dS^T)·q̂ in INT8; dK times the softmax scale at
+// the end. GQA: a CTA loops over the query heads of its key head's group.
+//
+// CTA: 128 keys, 12 warps: warps 0-7 are two consumer warpgroups (64 keys each, 240 registers per thread
+// through setmaxnreg), warps 8-11 the producer warpgroup (24 registers), one lane of which issues the TMA
+// loads: K (int8) and V (16-bit) of the block once, then per 64-query step q̂ and dO (16-bit) in the row order
+// of perm_base (so that S^T's and dP^T's accumulator columns are the queries of the 8-bit A fragments of the
+// dV and dK products: P^T and dS^T go from registers to the tensor cores without shuffles), dO8^T and q̂^T
+// (channels x queries, the K-major B operands of those products) and the step's LSE2 and delta, into a
+// STAGES-deep ring on mbarriers. Per step each consumer warpgroup issues S^T (s8, two operands in shared
+// memory) and dP^T (bf16/fp16) as two commit groups, takes P^T while dP^T runs, then dS^T, then the two INT8
+// products one after the other (one int32 accumulator, folded into the fp32 dV / dK with the row scales).
+//
+// Inputs (HND, contiguous): q8 (B, Hq, Lq, D) int8 and its transpose q8t (B, Hq, D, Lq); qs (B, Hq, ceil(Lq/128))
+// fp32; k8 (B, Hkv, Lk, D) int8; ks (B, Hkv, ceil(Lk/64)) fp32 (times c = softmax scale * log2 e in the kernel);
+// v16 (B, Hkv, Lk, D) bf16/fp16 (V̂ dequantized); lse2 (B, Hq, Lq) fp32, the LSE in log2 units with +inf for rows
+// without keys; delta (B, Hq, Lq) fp32; do16 (B, Hq, Lq, D) 16-bit; do8t (B, Hq, D, Lq) int8 and sdo (B, Hq,
+// ceil(Lq/128)) fp32. Lq a multiple of 16 (the transposed tiles' row stride for TMA). Outputs dK, dV (B, Hkv, Lk,
+// D) at any (b, h, token) strides with channel stride 1, bf16 or fp16 (the 16-bit type of v16 / do16).
+//
+// Not yet run on a GPU (built and inspected offline only); sage_compile uses it only where asked
+// (SAGE_COMPILE_INT8_TRAIN_CORE=cuda, sage_compile/kernels/int8_train/cuda.py).
+//
+// Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
+// int8_train_sm90_bind.cpp.
+
+#include <type_traits>
+
+#include "sm90_common.cuh"
+
+// SAGE_TRAIN_STAGES: depth of the per-step ring (q̂, dO, dO8^T, q̂^T, LSE2, delta: 40 KB a stage at hd128)
+#ifndef SAGE_TRAIN_STAGES
+#define SAGE_TRAIN_STAGES 3
+#endif
+// SAGE_TRAIN_PARTS (bits: 1 the dV product, 2 the dK product) at hd128: in two column halves, each waited for and
+// folded before the next (an int32 product of 32 registers instead of 64). Offline: with both whole, ptxas spills
+// 20 bytes in each hd128 kernel; the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
+#ifndef SAGE_TRAIN_PARTS
+#define SAGE_TRAIN_PARTS 2
+#endif
+
+namespace sage_sm90 {
+namespace train {
+
+constexpr int kBN = 128;  // keys per CTA (two consumer warpgroups of 64)
+constexpr int kBM = 64;   // queries per step (SPLIT_M: one ψ scale per key over them)
+constexpr int kCW = 8;    // consumer warps
+constexpr int kThreads = 128 * 3;
+
+// the 32 accumulator operands of an n64 wgmma, %0..%31
+#define SAGE_D32                                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "     \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+// S^T (64 keys x 64 queries, s32) (+)= A (64 x 32 s8, smem) * B (64 x 32 s8, smem)^T
+__device__ __forceinline__ void wgmma_s8_ss_n64(uint32_t (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#if SAGE_SM90A
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " SAGE_D32 ", %32, %33, p;\n"
+      "}\n"
+      : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24)
+      : "l"(da), "l"(db), "r"(accumulate));
+#endif
+}
+
+// dP^T (64 keys x 64 queries, f32) (+)= A (64 x 16, smem) * B (64 x 16, smem)^T, bf16 or fp16
+template <typename T>
+__device__ __forceinline__ void wgmma_16_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+#if SAGE_SM90A
+  if constexpr (std::is_same<T, __half>::value) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " SAGE_D32 ", %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24)
+        : "l"(da), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SAGE_D32 ", %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24)
+        : "l"(da), "l"(db), "r"(accumulate));
+  }
+#endif
+}
+
+// dV or dK product (64 keys x N channels, s32) (+)= A (64 keys x 32 queries s8, registers) * B (N x 32 s8, smem)^T
+template <int N>
+__device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[N / 2], const uint32_t (&a)[4], uint64_t db,
+                                            int accumulate) {
+#if SAGE_SM90A
+  if constexpr (N == 128) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " SAGE_D64 ", {%64, %65, %66, %67}, %68, p;\n"
+        "}\n"
+        : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24), SAGE_R8(d, 32), SAGE_R8(d, 40),
+          SAGE_R8(d, 48), SAGE_R8(d, 56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " SAGE_D32 ", {%32, %33, %34, %35}, %36, p;\n"
+        "}\n"
+        : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+  }
+#endif
+}
+
+struct Params {
+  const float* qs;   // (B*Hq, nqb): Q scales, 128 queries each
+  const float* sdo;  // (B*Hq, nqb): ψ(dO) scales, 128 queries each
+  const float* ks;   // (B*Hkv, nkb): K scales, 64 keys each
+  void* dk;
+  void* dv;
+  int hq, group, lq, lk, nqb, nkb;
+  float c;   // softmax scale * log2(e)
+  float sm;  // softmax scale
+  int coff;  // causal: key n visible from query m iff n <= m + coff
+  long long sob, soh, son;  // dK / dV strides (elements)
+};
+
+template <int D, int STAGES>
+struct Layout {
+  static constexpr int kKBytes = kBN * D;          // k̂ (int8), one box
+  static constexpr int kVBytes = kBN * D * 2;      // V̂ 16-bit, D / 64 chunks of (128 keys x 64 channels)
+  static constexpr int kQ = 0, kDO = kBM * D, kDOT = 3 * kBM * D, kQT = 4 * kBM * D;  // offsets in a stage
+  static constexpr int kStageBytes = 5 * kBM * D;  // q̂ + dO (16-bit) + dO8^T + q̂^T
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kKBytes;
+  static constexpr int kStage0 = kV + kVBytes;
+  static constexpr int kL = kStage0 + STAGES * kStageBytes;  // per stage: LSE2 (64 fp32), then delta (64 fp32)
+  static constexpr int kBar = kL + STAGES * 2 * kBM * 4;
+  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+};
+
+// 8-bit RNE of y (|y| <= 127 plus rounding) in the low byte: the bits of y + 1.5 * 2^23 (an FADD, not an F2I;
+// __fadd_rn is never contracted with the scaling multiply, so y is rounded once, as the Triton kernels' _to_i8)
+__device__ __forceinline__ uint32_t i8_bits(float x, float r) {
+  return static_cast<uint32_t>(__float_as_int(__fadd_rn(__fmul_rn(x, r), 12582912.0f)));
+}
+__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// ψ of a (64 keys x 64 queries) accumulator-layout tile x (element 4i + 2rh + e: key row g + 8rh, query column
+// perm_base(i) + 4t + e): one scale per key (row amax over the quad / 127) -> the 8-bit A fragments of the
+// two k-steps (frag[kk][2h + rh] = queries 32kk + 16h + 4t + {0..3} of row rh) and the two row scales.
+template <bool ABS>
+__device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2]) {
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m = fmaxf(m, ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    // (approximate divisions, as the Triton kernels' fp32 `/`: |x| * r stays within 127 * (1 + 2^-22), which
+    // rounds to 127 at most; an IEEE division costs a slow-path call per row)
+    const float r = m > 0.f ? __fdividef(127.f, m) : 0.f;
+    scale[rh] = m * (1.f / 127.f);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i0 = 4 * kk + 2 * h, i1 = i0 + 1;
+        frag[kk][2 * h + rh] = pack4(i8_bits(x[4 * i0 + 2 * rh], r), i8_bits(x[4 * i0 + 2 * rh + 1], r),
+                                     i8_bits(x[4 * i1 + 2 * rh], r), i8_bits(x[4 * i1 + 2 * rh + 1], r));
+      }
+  }
+}
+
+// acc (fp32, 64 rows x D channels) += (frag (64 rows x 64, s8, the A fragments of two k-steps) · B^T) * f[row half],
+// B: the (D x 64) s8 tile at descriptor db (64-byte rows); in H column parts of D / H channels, each issued,
+// waited for and folded before the next (H = 2: an int32 product of 32 registers, not 64)
+template <int D, int H>
+__device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t (&frag)[2][4], uint64_t db,
+                                             const float (&f)[2]) {
+  constexpr int N = D / H;
+  static_assert(N == 64 || N == 128, "64 or 128 channels a part");
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+    uint32_t prod[N / 2];
+    const uint64_t dbh = db + h * (N * 64 / 16);  // channels N * h on: N * h rows of 64 bytes
+    wg_fence();
+    wgmma_s8_rs<N>(prod, frag[0], dbh, 0);
+    wgmma_s8_rs<N>(prod, frag[1], dbh + 2, 1);
+    wg_commit();
+    wg_wait0();
+    reg_fence(prod);
+#pragma unroll
+    for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& a = acc[N / 2 * h + 4 * i + 2 * rh + e];
+          a = fmaf(__int2float_rn(static_cast<int>(prod[4 * i + 2 * rh + e])), f[rh], a);
+        }
+  }
+}
+
+template <int D, int STAGES, bool CAUSAL, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    dkdv_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
+                const __grid_constant__ CUtensorMap tm_dot, const __grid_constant__ CUtensorMap tm_qt,
+                const __grid_constant__ CUtensorMap tm_lse, const __grid_constant__ CUtensorMap tm_dl,
+                const Params p) {
+#if SAGE_SM90A
+  using L = Layout<D, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sk = smem + L::kK;
+  uint8_t* sv = smem + L::kV;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* kv_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + STAGES;
+
+  const int n0 = blockIdx.x * kBN;
+  const int bhk = blockIdx.y;
+  const int hkv = p.hq / p.group, b = bhk / hkv, hk = bhk % hkv;
+  // the first query step that sees a key of the block (causal: key n visible from query m iff n <= m + coff)
+  const int lo = CAUSAL ? max(0, n0 - p.coff) / kBM * kBM : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kCW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kCW) {  // producer warpgroup: gives its registers to the consumers
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (warp == kCW && lane == 0) {
+      tma_prefetch(&tm_k);
+      tma_prefetch(&tm_v);
+      tma_prefetch(&tm_q);
+      tma_prefetch(&tm_do);
+      tma_prefetch(&tm_dot);
+      tma_prefetch(&tm_qt);
+      tma_prefetch(&tm_lse);
+      tma_prefetch(&tm_dl);
+      mbar_expect_tx(kv_full, L::kKBytes + L::kVBytes);
+      tma_load_3d(sk, &tm_k, kv_full, 0, n0, bhk);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) tma_load_3d(sv + c * kBN * 128, &tm_v, kv_full, 64 * c, n0, bhk);
+      int it = 0;
+      for (int g = 0; g < p.group; ++g) {
+        const int bh = b * p.hq + hk * p.group + g;
+        for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
+          const int s = it % STAGES;
+          if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+          uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+          float* sl = reinterpret_cast<float*>(smem + L::kL) + s * 2 * kBM;
+          mbar_expect_tx(&full[s], L::kStageBytes + 2 * kBM * 4);
+#pragma unroll
+          for (int r = 0; r < 8; ++r) {  // 8 rows each: queries perm_base(r) + 4t + e at row 8r + 2t + e
+            const int c1 = perm_base(r) & 3, c2 = (m0 + (perm_base(r) & ~3)) / 4;
+            tma_load_4d(st + L::kQ + r * 8 * D, &tm_q, &full[s], 0, c1, c2, bh);
+#pragma unroll
+            for (int c = 0; c < D / 64; ++c)
+              tma_load_4d(st + L::kDO + c * kBM * 128 + r * 8 * 128, &tm_do, &full[s], 64 * c, c1, c2, bh);
+          }
+          tma_load_3d(st + L::kDOT, &tm_dot, &full[s], m0, 0, bh);
+          tma_load_3d(st + L::kQT, &tm_qt, &full[s], m0, 0, bh);
+          tma_load_3d(sl, &tm_lse, &full[s], m0, bh, 0);
+          tma_load_3d(sl + kBM, &tm_dl, &full[s], m0, bh, 0);
+        }
+      }
+    }
+    return;
+  }
+
+  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);  // warp-uniform (uniform registers for what derives from it)
+  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
+  const int key0 = n0 + wg * 64 + w * 16 + g8;  // this thread's keys: key0, key0 + 8
+  const int kblk = (n0 + wg * 64) / 64;
+  const float kc = (kblk < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + kblk) : 0.f) * p.c;
+  const uint64_t da_k = smem_desc<D>(sk + wg * 64 * D);
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = 0.f, dk[i] = 0.f;
+
+  mbar_wait(kv_full, 0);
+  int it = 0;
+  for (int g = 0; g < p.group; ++g) {
+    const int bh = b * p.hq + hk * p.group + g;
+    for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
+      const int s = it % STAGES;
+      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+      const float* sl = reinterpret_cast<const float*>(smem + L::kL) + s * 2 * kBM;
+      const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+      const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+      // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
+      const bool edge = (CAUSAL && n0 + wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq;
+      mbar_wait(&full[s], (it / STAGES) & 1);
+
+      uint32_t sacc[32];
+      float dp[32];
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da_k + 2 * kk, smem_desc<D>(st + L::kQ) + 2 * kk, kk);
+      wg_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int c = kk / 4, j = kk % 4;  // 64-channel chunk, 16-channel step in it (32 bytes)
+        wgmma_16_ss_n64<T>(dp, smem_desc<128>(sv + c * kBN * 128 + wg * 64 * 128) + 2 * j,
+                           smem_desc<128>(st + L::kDO + c * kBM * 128) + 2 * j, kk);
+      }
+      wg_commit();
+      wg_wait1();  // S^T
+      reg_fence(sacc);
+
+      // P^T = exp2(S^T * kc * qraw - LSE2) (0 where masked)
+      const float a = kc * qraw;
+      float pt[32];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int q = perm_base(i) + 4 * t;  // this lane's queries q, q + 1 of column group i
+        const float2 l2 = *reinterpret_cast<const float2*>(sl + q);
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float z = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, -(e ? l2.y : l2.x));
+            if (edge) {
+              const int qq = m0 + q + e;
+              if (qq >= p.lq || (CAUSAL && key0 + 8 * rh > qq + p.coff)) z = -INFINITY;
+            }
+            pt[4 * i + 2 * rh + e] = ex2(z);
+          }
+      }
+      uint32_t pa[2][4], da[2][4];
+      float sp[2], sds[2];
+      psi_rows<false>(pt, pa, sp);
+
+      wg_wait0();  // dP^T
+      reg_fence(dp);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 d2 = *reinterpret_cast<const float2*>(sl + kBM + perm_base(i) + 4 * t);
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int x = 4 * i + 2 * rh + e;
+            dp[x] = pt[x] * (dp[x] - (e ? d2.y : d2.x));  // dS^T
+          }
+      }
+      psi_rows<true>(dp, da, sds);
+
+      // dV += ψ(P^T)·ψ(dO) * (sp * sdo), then dK += ψ(dS^T)·q̂ * (sds * qraw): one int32 product at a time
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]), reg_fence(da[kk]);  // the fragments complete before the fence
+      const float fv[2] = {sp[0] * sdo, sp[1] * sdo};
+      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
+      const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
+      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
+      mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+    }
+  }
+
+  // epilogue: dK * softmax scale, dV; rows past Lk are not stored
+  T* odk = static_cast<T*>(p.dk) + b * p.sob + hk * p.soh;
+  T* odv = static_cast<T*>(p.dv) + b * p.sob + hk * p.soh;
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int key = key0 + 8 * rh;
+    if (key >= p.lk) continue;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const int col = 8 * i + 2 * t;
+      store2<T>(odk + key * p.son + col, dk[4 * i + 2 * rh] * p.sm, dk[4 * i + 2 * rh + 1] * p.sm);
+      store2<T>(odv + key * p.son + col, dv[4 * i + 2 * rh], dv[4 * i + 2 * rh + 1]);
+    }
+  }
+#endif
+}
+
+template <int D, bool CAUSAL, typename T>
+int launch(const CUtensorMap* maps, const Params& p, int grid_x, int grid_y, cudaStream_t stream) {
+  using L = Layout<D, SAGE_TRAIN_STAGES>;
+  auto kernel = dkdv_kernel<D, SAGE_TRAIN_STAGES, CAUSAL, T>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
+  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], maps[5],
+                                                                 maps[6], maps[7], p);
+  return cudaGetLastError() == cudaSuccess ? 0 : 13;
+}
+
+template <int D, typename T>
+int dispatch(const CUtensorMap* maps, const Params& p, bool causal, int gx, int gy, cudaStream_t stream) {
+  return causal ? launch<D, true, T>(maps, p, gx, gy, stream) : launch<D, false, T>(maps, p, gx, gy, stream);
+}
+
+}  // namespace train
+}  // namespace sage_sm90
+
+// Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures. Tensors as described at the
+// top (contiguous HND); lengths in elements; dK / dV strides (sob, soh, son) in elements, channel stride 1; c =
+// softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff.
+extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
+                                         const float* ks, const void* v16, const float* lse2, const float* delta,
+                                         const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
+                                         int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
+                                         long long soh, long long son, float c, float sm, int causal, int coff,
+                                         void* stream) {
+  using namespace sage_sm90;
+  using namespace sage_sm90::train;
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lq % 16 != 0 ||
+      static_cast<long long>(b) * hkv > 65535)
+    return 1;
+  const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
+  const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  CUtensorMap maps[8];
+  // k̂ (d, lk, b*hkv), one (d, 128) box
+  const uint64_t k_dims[3] = {ud, ulk, bhk}, k_str[2] = {ud, ulk * ud};
+  const uint32_t k_box[3] = {static_cast<uint32_t>(d), kBN, 1};
+  // V̂ 16-bit (d, lk, b*hkv), (64 channels, 128 keys) boxes
+  const uint64_t v_dims[3] = {ud, ulk, bhk}, v_str[2] = {2 * ud, 2 * ulk * ud};
+  const uint32_t v_box[3] = {64, kBN, 1};
+  // q̂ as (d, query % 4, query / 4, b*hq): a (d, 2, 4, 1) box is 8 rows of perm_base's order
+  const uint64_t q_dims[4] = {ud, 4, ulq / 4, bhq}, q_str[3] = {ud, 4 * ud, ulq * ud};
+  const uint32_t q_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
+  // dO 16-bit the same way, (64 channels, 2, 4) boxes
+  const uint64_t o_dims[4] = {ud, 4, ulq / 4, bhq}, o_str[3] = {2 * ud, 8 * ud, 2 * ulq * ud};
+  const uint32_t o_box[4] = {64, 2, 4, 1};
+  // dO8^T and q̂^T (lq, d, b*hq), (64 queries, d) boxes
+  const uint64_t t_dims[3] = {ulq, ud, bhq}, t_str[2] = {ulq, ulq * ud};
+  const uint32_t t_box[3] = {kBM, static_cast<uint32_t>(d), 1};
+  // LSE2 and delta (lq, b*hq) fp32, 64-query boxes
+  const uint64_t l_dims[3] = {ulq, bhq, 1}, l_str[2] = {4 * ulq, 4 * ulq * bhq};
+  const uint32_t l_box[3] = {kBM, 1, 1};
+  int rc = make_map(&maps[0], k8, 3, k_dims, k_str, k_box, swz8);
+  if (!rc) rc = make_map(&maps[1], v16, 3, v_dims, v_str, v_box, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_DATA_TYPE_UINT16);
+  if (!rc) rc = make_map(&maps[2], q8, 4, q_dims, q_str, q_box, swz8);
+  if (!rc) rc = make_map(&maps[3], do16, 4, o_dims, o_str, o_box, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_DATA_TYPE_UINT16);
+  if (!rc) rc = make_map(&maps[4], do8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+  if (!rc) rc = make_map(&maps[5], q8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+  if (!rc) rc = make_map(&maps[6], lse2, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
+  if (!rc) rc = make_map(&maps[7], delta, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
+  if (rc) return rc;
+  const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
+  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
+  const int gx = (lk + kBN - 1) / kBN, gy = b * hkv;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (d == 128)
+    return fp16 ? dispatch<128, __half>(maps, p, causal, gx, gy, st) : dispatch<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return fp16 ? dispatch<64, __half>(maps, p, causal, gx, gy, st) : dispatch<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+}

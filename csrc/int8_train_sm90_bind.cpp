@@ -1,0 +1,71 @@
+// Torch binding of the sm90 SageBwd dK / dV kernel (int8_train_sm90.cu): checks the tensors, passes pointers,
+// strides and the current stream to the plain C launcher. Built with the kernel by
+// sage_compile/kernels/int8_train/cuda.py through torch.utils.cpp_extension at first use.
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
+                                         const float* ks, const void* v16, const float* lse2, const float* delta,
+                                         const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
+                                         int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
+                                         long long soh, long long son, float c, float sm, int causal, int coff,
+                                         void* stream);
+
+namespace {
+
+void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* name) {
+  TORCH_CHECK(t.is_cuda(), "sage_compile sm90 int8_train: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dtype, "sage_compile sm90 int8_train: ", name, " has dtype ", t.scalar_type());
+  TORCH_CHECK(t.dim() == dim, "sage_compile sm90 int8_train: ", name, " must be ", dim, "-D");
+  TORCH_CHECK(t.is_contiguous(), "sage_compile sm90 int8_train: ", name, " must be contiguous");
+}
+
+// q8 (B, Hq, Lq, D) int8 and q8t (B, Hq, D, Lq); qs (B, Hq, ceil(Lq/128)); k8 (B, Hkv, Lk, D) int8; ks (B, Hkv,
+// ceil(Lk/64)); v16 (B, Hkv, Lk, D) bf16/fp16; lse2, delta (B, Hq, Lq) fp32; do16 (B, Hq, Lq, D) as v16; do8t
+// (B, Hq, D, Lq) int8; sdo as qs; dk, dv (B, Hkv, Lk, D) values at strides (sob, soh, son, 1) in v16's dtype.
+// Lq a multiple of 16. c = softmax scale * log2(e), sm = softmax scale; causal: key n seen by query m iff
+// n <= m + coff.
+void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
+          const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
+          const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
+          double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+  check(q8, at::kChar, 4, "q8");
+  check(q8t, at::kChar, 4, "q8t");
+  check(k8, at::kChar, 4, "k8");
+  check(do8t, at::kChar, 4, "do8t");
+  check(qs, at::kFloat, 3, "qs");
+  check(ks, at::kFloat, 3, "ks");
+  check(sdo, at::kFloat, 3, "sdo");
+  check(lse2, at::kFloat, 3, "lse2");
+  check(delta, at::kFloat, 3, "delta");
+  const auto t16 = v16.scalar_type();
+  TORCH_CHECK(t16 == at::kBFloat16 || t16 == at::kHalf, "sage_compile sm90 int8_train: v16 must be bf16/fp16");
+  check(v16, t16, 4, "v16");
+  check(do16, t16, 4, "do16");
+  for (const at::Tensor* o : {&dk, &dv}) {
+    TORCH_CHECK(o->is_cuda() && o->scalar_type() == t16, "sage_compile sm90 int8_train: dk/dv must be CUDA ", t16);
+    TORCH_CHECK(o->stride(-1) == 1, "sage_compile sm90 int8_train: dk/dv's channel stride must be 1");
+  }
+  TORCH_CHECK(dk.strides() == dv.strides(), "sage_compile sm90 int8_train: dk and dv must share strides");
+  const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
+  const int64_t hkv = k8.size(1), lk = k8.size(2);
+  TORCH_CHECK(q8t.size(2) == d && q8t.size(3) == lq && do8t.sizes() == q8t.sizes() && do16.sizes() == q8.sizes() &&
+                  v16.sizes() == k8.sizes() && lse2.size(2) == lq && delta.sizes() == lse2.sizes() &&
+                  k8.size(0) == b && k8.size(3) == d && dk.size(2) == lk && dv.size(2) == lk,
+              "sage_compile sm90 int8_train: shapes");
+  const c10::cuda::CUDAGuard guard(q8.device());
+  const int rc = sage_int8_train_sm90_dkdv(
+      q8.data_ptr(), q8t.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
+      lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), do8t.data_ptr(), sdo.data_ptr<float>(),
+      dk.data_ptr(), dv.data_ptr(), t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
+      static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), sob, soh, son,
+      static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff),
+      at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train kernel failed (code ", rc,
+              ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("dkdv", &dkdv, "sage_compile int8_train sm90 dK / dV"); }

@@ -1,0 +1,108 @@
+"""The CUDA sm90 dK/dV kernel of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
+
+``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (:func:`sage_compile.config.int8_train_core`; default ``triton``) sends
+the dK/dV part of the ``psi="split"`` backward to this kernel wherever it supports the call (head dim 64 or
+128, no mask other than causal, queries a multiple of 16, a 16-bit dtype, an sm90 GPU); dQ and the forward
+stay on the Triton kernels. Same numerics as ``_bwd_dkdv_split``: the same quantized sets, fp32 sums in
+another order. The kernel has not yet run on a GPU (built and inspected offline only), which is why it is
+not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
+first use (cached by torch under a name that carries the hash of the sources and flags); if it cannot be
+built or loaded, the Triton kernels serve and the reason is logged once and kept in :func:`status`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Optional
+
+import torch
+
+from ..int8_fp8.cuda import LOG2E, build_extension
+
+log = logging.getLogger("sage_compile")
+
+SOURCES = ("int8_train_sm90.cu", "int8_train_sm90_bind.cpp")
+_lock = threading.Lock()
+
+
+def fresh_state() -> dict:
+    """The state before :func:`load` (tests reset it with this)."""
+    return {"tried": False, "module": None, "error": None, "logged": set()}
+
+
+_state: dict = fresh_state()
+
+
+def build(extra: tuple = ()):
+    """Compile (or find in torch's extension cache) and import the extension; raises on failure."""
+    return build_extension("sage_int8_train_sm90", SOURCES, extra)
+
+
+def load():
+    """The built extension module, or None (the reason in :func:`status`). Builds once per process."""
+    with _lock:
+        if _state["tried"]:
+            return _state["module"]
+        _state["tried"] = True
+        try:
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device")
+            cap = torch.cuda.get_device_capability()
+            if cap != (9, 0):
+                raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
+            _state["module"] = build()
+        except Exception as e:  # noqa: BLE001 - any failure means: the Triton kernels serve
+            msg = str(e).strip()
+            _state["error"] = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"
+            log.warning("sage_compile: CUDA int8_train dK/dV kernel unavailable, using Triton (%s)", _state["error"])
+        return _state["module"]
+
+
+def status() -> dict:
+    """``{"built", "error"}``: ``built`` False before :func:`load` was tried or where it failed."""
+    return {"built": _state["module"] is not None, "error": _state["error"]}
+
+
+def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype) -> Optional[str]:
+    """Why the CUDA dK/dV kernel cannot run this backward (None when it can). ``mask_kind``: 0 none (causal
+    comes as an index rule), else a mask read in-kernel. Builds the extension on first use."""
+    b, hq, lq, d = q8.shape
+    if not q8.is_cuda:
+        return "not a CUDA tensor"
+    if psi != "split":
+        return f"psi={psi!r} (the CUDA kernel has the split numerics)"
+    if mask_kind != 0:
+        return "masks other than causal run on the Triton kernels"
+    if d not in (64, 128):
+        return f"head_dim {d} (the CUDA kernel has 64 and 128)"
+    if dtype16 not in (torch.bfloat16, torch.float16):
+        return f"dtype {dtype16}"
+    if lq % 16 or lq == 0 or k8.shape[2] == 0:
+        return f"{lq} queries (the CUDA kernel needs a multiple of 16)"
+    if b * k8.shape[1] > 65535:
+        return "grid size"
+    if load() is None:
+        return _state["error"]
+    return None
+
+
+def note_fallback(why: str) -> None:
+    """The CUDA kernel was asked for and cannot run a call: logged once per reason; Triton serves."""
+    if why not in _state["logged"]:
+        _state["logged"].add(why)
+        log.warning("sage_compile: int8_train dK/dV on Triton, not the CUDA kernel: %s", why)
+
+
+def dkdv(q8, q8t, qs, k8, ks, v16, lse, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
+         out_strides: tuple, module=None) -> None:
+    """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
+    token) strides, channel stride 1, in ``v16``'s dtype). Operands as :func:`sage_compile.kernels.int8_train.
+    attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse`` (B, Hq, Lq) fp32 in
+    natural-log units (-inf for rows without keys); ``sm`` the softmax scale; ``module``: a :func:`build` of
+    other knobs (benchmarks)."""
+    mod = load() if module is None else module
+    lq, lk = q8.shape[2], k8.shape[2]
+    lse2 = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).contiguous()  # P = exp2(z - lse2)
+    coff = 0 if causal == "top_left" else lk - lq
+    mod.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, sm * LOG2E, sm, causal != "none",
+             coff, *out_strides)

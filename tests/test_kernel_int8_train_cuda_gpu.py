@@ -1,0 +1,82 @@
+"""The CUDA sm90 SageBwd dK/dV kernel (csrc/int8_train_sm90.cu, SAGE_COMPILE_INT8_TRAIN_CORE=cuda) on the GPU:
+it must have built (no silent fallback), dQ is the Triton kernel's bit for bit, and dK, dV agree with the Triton
+split kernel's (same quantized sets, fp32 sums in another order) and are as close to fp32 autograd (error ratio),
+over head dims, causal kinds, GQA, ragged key counts, a query count that is not a multiple of 64, bf16 and fp16;
+a query count it does not take falls back to Triton exactly."""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import cos_rel, poison_cuda_cache
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # (d, causal, B, Hq, Hkv, Lq, Lk, dtype)
+    (128, "none", 2, 8, 2, 2048, 2048, torch.bfloat16),
+    (128, "top_left", 2, 8, 2, 2048, 2048, torch.bfloat16),
+    (64, "none", 2, 8, 2, 2048, 2048, torch.bfloat16),
+    (64, "top_left", 1, 4, 4, 1024, 1024, torch.float16),
+    (128, "bottom_right", 2, 4, 2, 1008, 1000, torch.bfloat16),  # Lq not a multiple of 64, Lk of 128
+    (64, "none", 1, 6, 3, 496, 1500, torch.float16),
+]
+
+
+def _backward(core, monkeypatch, qt, o, lse, do, causal, dtype):
+    from sage_compile.kernels.int8_train import attention as KA
+
+    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
+    poison_cuda_cache()
+    return KA.backward(*qt, o, lse, do, causal, None, "HND", dtype, psi="split")
+
+
+def _grads_fp32(q, k, v, causal, do):
+    qq, kk, vv = (t.detach().float().requires_grad_() for t in (q, k, v))
+    lq, lk = q.shape[2], k.shape[2]
+    mask = None
+    if causal != "none":
+        off = 0 if causal == "top_left" else lk - lq
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(off)
+    o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True)
+    return torch.autograd.grad(o, (qq, kk, vv), do.float())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-{c[1]}-{c[5]}x{c[6]}-{str(c[7])[6:]}")
+def test_cuda_dkdv_matches_triton(case, monkeypatch):
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import cuda
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    d, causal, b, hq, hkv, lq, lk, dtype = case
+    g = torch.Generator().manual_seed(d + lq)
+    q = torch.randn(b, hq, lq, d, generator=g).cuda().to(dtype)
+    k, v = (torch.randn(b, hkv, lk, d, generator=g).cuda().to(dtype) for _ in range(2))
+    do = torch.randn(b, hq, lq, d, generator=g).cuda().to(dtype)
+    qt = KQ.quantize(q, k, v)
+    o, lse = KA.forward(*qt[:6], causal, None, "HND", dtype)
+    tri = _backward("triton", monkeypatch, qt, o, lse, do, causal, dtype)
+    got = _backward("cuda", monkeypatch, qt, o, lse, do, causal, dtype)
+    assert cuda.status()["built"], cuda.status()  # the CUDA kernel ran, not a fallback
+    assert torch.equal(got[0], tri[0])  # dQ: the same Triton kernel
+    want = _grads_fp32(q, k, v, causal, do)
+    line = []
+    for n, a, t, w in zip(("dk", "dv"), got[1:], tri[1:], want[1:]):
+        assert a.shape == t.shape and a.dtype == t.dtype and torch.isfinite(a).all(), n
+        same = cos_rel(a.float(), t.float())
+        ka, kt = cos_rel(a.float(), w), cos_rel(t.float(), w)
+        line.append(f"{n} vs triton {same[0]:.6f}/{same[1]:.5f}, vs fp32 cuda {ka[1]:.5f} triton {kt[1]:.5f}")
+        assert same[0] > 0.9999 and same[1] < 0.01, (n, same)
+        assert ka[1] <= 1.05 * kt[1] + 1e-3, (n, ka, kt)
+    print(f"\nint8_train cuda dK/dV {case[:7]}: " + "; ".join(line))
+
+
+def test_query_count_it_does_not_take_falls_back_exactly(monkeypatch):
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, 777, 64, generator=g).cuda().bfloat16() for _ in range(4))
+    qt = KQ.quantize(q, k, v)
+    o, lse = KA.forward(*qt[:6], "none", None, "HND", torch.bfloat16)
+    tri = _backward("triton", monkeypatch, qt, o, lse, do, "none", torch.bfloat16)
+    got = _backward("cuda", monkeypatch, qt, o, lse, do, "none", torch.bfloat16)
+    for a, t in zip(got, tri):
+        assert torch.equal(a, t)
