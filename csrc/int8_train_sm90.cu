@@ -1,6 +1,6 @@
-// SageBwd dK / dV for Hopper (sm_90a): the int8_train backward's key-side kernel with psi="split" numerics.
+// SageBwd backward for Hopper (sm_90a): the int8_train dK / dV and dQ kernels with psi="split" numerics.
 //
-// Same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and the
+// dK / dV: same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and the
 // reference (sage_compile/reference/int8_train.py, shared/docs/numerics.md §4): for each key block and each
 // 64-query step, S^T = k̂·q̂^T in INT8 (exact int32) times the K (64 keys) and Q (128 queries) scales and the
 // softmax scale, P^T = exp2(S^T - LSE2); ψ(P^T) with one scale per key over the 64 queries; dV += ψ(P^T)·ψ(dO)
@@ -25,7 +25,9 @@
 // ceil(Lq/128)) fp32. Lq a multiple of 16 (the transposed tiles' row stride for TMA). Outputs dK, dV (B, Hkv, Lk,
 // D) at any (b, h, token) strides with channel stride 1, bf16 or fp16 (the 16-bit type of v16 / do16).
 //
-// Not yet run on a GPU (built and inspected offline only); sage_compile uses it only where asked
+// dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; see its comment.
+//
+// Not yet run on a GPU (built and inspected offline only); sage_compile uses them only where asked
 // (SAGE_COMPILE_INT8_TRAIN_CORE=cuda, sage_compile/kernels/int8_train/cuda.py).
 //
 // Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
@@ -44,6 +46,14 @@
 // 20 bytes in each hd128 kernel; the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
 #ifndef SAGE_TRAIN_PARTS
 #define SAGE_TRAIN_PARTS 2
+#endif
+// SAGE_TRAIN_DQ_STAGES: depth of the dQ kernel's ring (k̂, V̂ and k̂^T of a 64-key step: 32 KB at hd128);
+// SAGE_TRAIN_DQ_PARTS 1: its dQ product at hd128 in two column halves
+#ifndef SAGE_TRAIN_DQ_STAGES
+#define SAGE_TRAIN_DQ_STAGES 3
+#endif
+#ifndef SAGE_TRAIN_DQ_PARTS
+#define SAGE_TRAIN_DQ_PARTS 0
 #endif
 
 namespace sage_sm90 {
@@ -163,11 +173,13 @@ __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, ui
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
-// ψ of a (64 keys x 64 queries) accumulator-layout tile x (element 4i + 2rh + e: key row g + 8rh, query column
-// perm_base(i) + 4t + e): one scale per key (row amax over the quad / 127) -> the 8-bit A fragments of the
-// two k-steps (frag[kk][2h + rh] = queries 32kk + 16h + 4t + {0..3} of row rh) and the two row scales.
-template <bool ABS>
-__device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2]) {
+// ψ of a (64 x 64) accumulator-layout tile x (element 4i + 2rh + e: row g + 8rh, column perm_base(i) + 4t + e of
+// the step's operand order) with one scale per row (the row's amax over the quad / 127): the 8-bit A fragments of
+// the two k-steps (frag[kk][2h + rh] = columns 32kk + 16h + 4t + {0..3} of row rh), the two row scales and, with
+// SUMS, this lane's share of each row's sum of the INT8 values (16 of 64; exact int32)
+template <bool ABS, bool SUMS = false>
+__device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2],
+                                         int (*isum)[2] = nullptr) {
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     float m = 0.f;
@@ -181,14 +193,18 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
     // rounds to 127 at most; an IEEE division costs a slow-path call per row)
     const float r = m > 0.f ? __fdividef(127.f, m) : 0.f;
     scale[rh] = m * (1.f / 127.f);
+    uint32_t bsum = 0;  // the bits' sum: each is 0x4B400000 + its value (wrapping: the values' sum, offset below)
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int i0 = 4 * kk + 2 * h, i1 = i0 + 1;
-        frag[kk][2 * h + rh] = pack4(i8_bits(x[4 * i0 + 2 * rh], r), i8_bits(x[4 * i0 + 2 * rh + 1], r),
-                                     i8_bits(x[4 * i1 + 2 * rh], r), i8_bits(x[4 * i1 + 2 * rh + 1], r));
+        const uint32_t b0 = i8_bits(x[4 * i0 + 2 * rh], r), b1 = i8_bits(x[4 * i0 + 2 * rh + 1], r);
+        const uint32_t b2 = i8_bits(x[4 * i1 + 2 * rh], r), b3 = i8_bits(x[4 * i1 + 2 * rh + 1], r);
+        frag[kk][2 * h + rh] = pack4(b0, b1, b2, b3);
+        if constexpr (SUMS) bsum += b0 + b1 + b2 + b3;
       }
+    if constexpr (SUMS) (*isum)[rh] = static_cast<int>(bsum - 16u * 0x4B400000u);
   }
 }
 
@@ -408,6 +424,205 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ------------------------------------------------------------------------------------------ dQ
+struct DqParams {
+  const float* qs;     // (B*Hq, nqb): Q scales, 128 queries each
+  const float* ks;     // (B*Hkv, nkb): K scales, 64 keys each
+  const float* lse2;   // (B*Hq, lq): LSE in log2 units, +inf for rows without keys
+  const float* delta;  // (B*Hq, lq)
+  const float* kmean;  // (B*Hkv, D): K's token mean (the smoothing), for dQ's correction rowsum(ψ(dS))·μ_K
+  void* dq;
+  int hq, group, lq, lk, nqb, nkb;
+  float c;   // softmax scale * log2(e)
+  float sm;  // softmax scale
+  int coff;  // causal: key n visible from query m iff n <= m + coff
+  long long sob, soh, son;  // dQ strides (elements)
+};
+
+template <int D, int STAGES>
+struct DqLayout {
+  static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
+  static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
+  static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // offsets in a stage
+  static constexpr int kStageBytes = 4 * kBM * D;  // k̂ + V̂ (16-bit) in perm_base's row order, k̂^T
+  static constexpr int kQ = 0;
+  static constexpr int kDO = kQ + kQBytes;
+  static constexpr int kStage0 = kDO + kDOBytes;
+  static constexpr int kBar = kStage0 + STAGES * kStageBytes;
+  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+};
+
+// dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
+// dP = dO·V̂^T (16-bit) as two wgmma groups, P = exp2(S * qs * ks * c - LSE2) while dP runs, dS = P ∘ (dP -
+// delta), ψ(dS) per query row over the 64 keys (psi="split"), dQ += ψ(dS)·k̂ (INT8, k̂^T as the K-major B
+// operand) times the row scale and the K scale; the row sums of ψ(dS) (times the row scale) give the smoothing
+// correction rowsum·μ_K at the end, and dQ is multiplied by the softmax scale. k̂ and V̂ come in perm_base's row
+// order, so that S's and dP's columns are the keys of the INT8 A fragments.
+template <int D, int STAGES, bool CAUSAL, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
+              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+              const __grid_constant__ CUtensorMap tm_kt, const DqParams p) {
+#if SAGE_SM90A
+  using L = DqLayout<D, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem + L::kQ;
+  uint8_t* sdo = smem + L::kDO;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + STAGES;
+
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
+  const int bh = blockIdx.y;
+  const int b = bh / p.hq, h = bh % p.hq;
+  const int bhk = b * (p.hq / p.group) + h / p.group;
+  const int hi = CAUSAL ? min(p.lk, m0 + 2 * kBM + p.coff) : p.lk;  // keys the CTA's last query sees
+  const int n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kCW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kCW) {  // producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (warp == kCW && lane == 0) {
+      tma_prefetch(&tm_q);
+      tma_prefetch(&tm_do);
+      tma_prefetch(&tm_k);
+      tma_prefetch(&tm_v);
+      tma_prefetch(&tm_kt);
+      mbar_expect_tx(q_full, L::kQBytes + L::kDOBytes);
+      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, q_full, 64 * c, m0, bh);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES, n0 = j * kBM;
+        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
+        uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+        mbar_expect_tx(&full[s], L::kStageBytes);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {  // 8 rows each: keys perm_base(r) + 4t + e at row 8r + 2t + e
+          const int c1 = perm_base(r) & 3, c2 = (n0 + (perm_base(r) & ~3)) / 4;
+          tma_load_4d(st + L::kK + r * 8 * D, &tm_k, &full[s], 0, c1, c2, bhk);
+#pragma unroll
+          for (int c = 0; c < D / 64; ++c)
+            tma_load_4d(st + L::kV + c * kBM * 128 + r * 8 * 128, &tm_v, &full[s], 64 * c, c1, c2, bhk);
+        }
+        tma_load_3d(st + L::kKT, &tm_kt, &full[s], n0, 0, bhk);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
+  const int row0 = m0 + wg * 64 + w * 16 + g8;  // this thread's queries: row0, row0 + 8
+  const float qsc = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128) * p.c;
+  float l2[2], dl[2];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int row = row0 + 8 * rh;
+    l2[rh] = row < p.lq ? __ldg(p.lse2 + static_cast<size_t>(bh) * p.lq + row) : INFINITY;  // P = 0 past Lq
+    dl[rh] = row < p.lq ? __ldg(p.delta + static_cast<size_t>(bh) * p.lq + row) : 0.f;
+  }
+  const uint64_t da_q = smem_desc<D>(sq + wg * 64 * D);
+
+  float dq[D / 2], rs[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+
+  mbar_wait(q_full, 0);
+  for (int j = 0; j < n_tiles; ++j) {
+    const int s = j % STAGES, n0 = j * kBM;
+    const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+    const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j) : 0.f;
+    // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
+    const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > m0 + wg * 64 + p.coff);
+    mbar_wait(&full[s], (j / STAGES) & 1);
+
+    uint32_t sacc[32];
+    float dp[32];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(st + L::kK) + 2 * kk, kk);
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = kk / 4, jj = kk % 4;
+      wgmma_16_ss_n64<T>(dp, smem_desc<128>(sdo + c * 2 * kBM * 128 + wg * 64 * 128) + 2 * jj,
+                         smem_desc<128>(st + L::kV + c * kBM * 128) + 2 * jj, kk);
+    }
+    wg_commit();
+    wg_wait1();  // S
+    reg_fence(sacc);
+
+    const float a = qsc * ksc;
+    float pt[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float z = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, -l2[rh]);
+          if (edge) {
+            const int key = n0 + perm_base(i) + 4 * t + e;
+            if (key >= p.lk || (CAUSAL && key > row0 + 8 * rh + p.coff)) z = -INFINITY;
+          }
+          pt[4 * i + 2 * rh + e] = ex2(z);
+        }
+
+    wg_wait0();  // dP
+    reg_fence(dp);
+#pragma unroll
+    for (int x = 0; x < 32; ++x) dp[x] = pt[x] * (dp[x] - dl[(x >> 1) & 1]);  // dS
+    uint32_t da[2][4];
+    float sds[2];
+    int isum[2];
+    psi_rows<true, true>(dp, da, sds, &isum);
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) rs[rh] = fmaf(static_cast<float>(isum[rh]), sds[rh], rs[rh]);
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) reg_fence(da[kk]);  // the fragments complete before the fence
+    const float f[2] = {sds[0] * ksc, sds[1] * ksc};
+    int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
+    mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+  }
+
+  // epilogue: (dQ + rowsum(ψ(dS))·μ_K) * softmax scale; rows past Lq are not stored
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    rs[rh] += __shfl_xor_sync(0xffffffffu, rs[rh], 1);
+    rs[rh] += __shfl_xor_sync(0xffffffffu, rs[rh], 2);
+  }
+  const float* mu = p.kmean + static_cast<size_t>(bhk) * D;
+  T* out = static_cast<T*>(p.dq) + b * p.sob + h * p.soh;
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    const int col = 8 * i + 2 * t;
+    const float mu0 = __ldg(mu + col), mu1 = __ldg(mu + col + 1);
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int row = row0 + 8 * rh;
+      if (row < p.lq)
+        store2<T>(out + row * p.son + col, fmaf(rs[rh], mu0, dq[4 * i + 2 * rh]) * p.sm,
+                  fmaf(rs[rh], mu1, dq[4 * i + 2 * rh + 1]) * p.sm);
+    }
+  }
+#endif
+}
+
 template <int D, bool CAUSAL, typename T>
 int launch(const CUtensorMap* maps, const Params& p, int grid_x, int grid_y, cudaStream_t stream) {
   using L = Layout<D, SAGE_TRAIN_STAGES>;
@@ -421,6 +636,20 @@ int launch(const CUtensorMap* maps, const Params& p, int grid_x, int grid_y, cud
 template <int D, typename T>
 int dispatch(const CUtensorMap* maps, const Params& p, bool causal, int gx, int gy, cudaStream_t stream) {
   return causal ? launch<D, true, T>(maps, p, gx, gy, stream) : launch<D, false, T>(maps, p, gx, gy, stream);
+}
+
+template <int D, bool CAUSAL, typename T>
+int launch_dq(const CUtensorMap* maps, const DqParams& p, int grid_x, int grid_y, cudaStream_t stream) {
+  using L = DqLayout<D, SAGE_TRAIN_DQ_STAGES>;
+  auto kernel = dq_kernel<D, SAGE_TRAIN_DQ_STAGES, CAUSAL, T>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
+  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], p);
+  return cudaGetLastError() == cudaSuccess ? 0 : 13;
+}
+
+template <int D, typename T>
+int dispatch_dq(const CUtensorMap* maps, const DqParams& p, bool causal, int gx, int gy, cudaStream_t stream) {
+  return causal ? launch_dq<D, true, T>(maps, p, gx, gy, stream) : launch_dq<D, false, T>(maps, p, gx, gy, stream);
 }
 
 }  // namespace train
@@ -477,4 +706,48 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
   if (d == 128)
     return fp16 ? dispatch<128, __half>(maps, p, causal, gx, gy, st) : dispatch<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
   return fp16 ? dispatch<64, __half>(maps, p, causal, gx, gy, st) : dispatch<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+}
+
+// dQ (B, Hq, Lq, D) at strides (sob, soh, son) (channel stride 1) in the 16-bit type of v16 / do16; returns as
+// sage_int8_train_sm90_dkdv. q8, qs, k8, ks, v16, lse2, delta, do16 as there; k8t (B, Hkv, D, Lk) int8 (k̂
+// transposed); kmean (B, Hkv, D) fp32. Lk a multiple of 16 (k̂^T's row stride for TMA).
+extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const void* k8, const void* k8t,
+                                       const float* ks, const void* v16, const float* kmean, const float* lse2,
+                                       const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
+                                       int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
+                                       float c, float sm, int causal, int coff, void* stream) {
+  using namespace sage_sm90;
+  using namespace sage_sm90::train;
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
+      static_cast<long long>(b) * hq > 65535)
+    return 1;
+  const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
+  const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  CUtensorMap maps[5];
+  // q̂ (d, lq, b*hq), (d, 128) boxes; dO 16-bit the same, (64 channels, 128 queries) boxes
+  const uint64_t q_dims[3] = {ud, ulq, bhq}, q_str[2] = {ud, ulq * ud};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), 2 * kBM, 1};
+  const uint64_t o_str[2] = {2 * ud, 2 * ulq * ud};
+  const uint32_t o_box[3] = {64, 2 * kBM, 1};
+  // k̂ as (d, key % 4, key / 4, b*hkv) and V̂ 16-bit the same: (d | 64, 2, 4, 1) boxes, 8 rows of perm_base's order
+  const uint64_t k_dims[4] = {ud, 4, ulk / 4, bhk}, k_str[3] = {ud, 4 * ud, ulk * ud};
+  const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
+  const uint64_t v_str[3] = {2 * ud, 8 * ud, 2 * ulk * ud};
+  const uint32_t v_box[4] = {64, 2, 4, 1};
+  // k̂^T (lk, d, b*hkv), (64 keys, d) boxes
+  const uint64_t t_dims[3] = {ulk, ud, bhk}, t_str[2] = {ulk, ulk * ud};
+  const uint32_t t_box[3] = {kBM, static_cast<uint32_t>(d), 1};
+  int rc = make_map(&maps[0], q8, 3, q_dims, q_str, q_box, swz8);
+  if (!rc) rc = make_map(&maps[1], do16, 3, q_dims, o_str, o_box, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_DATA_TYPE_UINT16);
+  if (!rc) rc = make_map(&maps[2], k8, 4, k_dims, k_str, k_box, swz8);
+  if (!rc) rc = make_map(&maps[3], v16, 4, k_dims, v_str, v_box, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_DATA_TYPE_UINT16);
+  if (!rc) rc = make_map(&maps[4], k8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+  if (rc) return rc;
+  const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
+  DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
+  const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (d == 128)
+    return fp16 ? dispatch_dq<128, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return fp16 ? dispatch_dq<64, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
 }

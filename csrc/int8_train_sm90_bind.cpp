@@ -12,6 +12,12 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
                                          long long soh, long long son, float c, float sm, int causal, int coff,
                                          void* stream);
 
+extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const void* k8, const void* k8t,
+                                       const float* ks, const void* v16, const float* kmean, const float* lse2,
+                                       const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
+                                       int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
+                                       float c, float sm, int causal, int coff, void* stream);
+
 namespace {
 
 void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* name) {
@@ -66,6 +72,46 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
 
+// dQ: q8, qs, k8, ks, v16, lse2, delta, do16 as in dkdv; k8t (B, Hkv, D, Lk) int8, kmean (B, Hkv, D) fp32; dq
+// (B, Hq, Lq, D) values at strides (sob, soh, son, 1) in v16's dtype. Lk a multiple of 16.
+void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& k8t,
+        const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& kmean, const at::Tensor& lse2,
+        const at::Tensor& delta, const at::Tensor& do16, at::Tensor& dq, double c, double sm, bool causal,
+        int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+  check(q8, at::kChar, 4, "q8");
+  check(k8, at::kChar, 4, "k8");
+  check(k8t, at::kChar, 4, "k8t");
+  check(qs, at::kFloat, 3, "qs");
+  check(ks, at::kFloat, 3, "ks");
+  check(kmean, at::kFloat, 3, "kmean");
+  check(lse2, at::kFloat, 3, "lse2");
+  check(delta, at::kFloat, 3, "delta");
+  const auto t16 = v16.scalar_type();
+  TORCH_CHECK(t16 == at::kBFloat16 || t16 == at::kHalf, "sage_compile sm90 int8_train: v16 must be bf16/fp16");
+  check(v16, t16, 4, "v16");
+  check(do16, t16, 4, "do16");
+  TORCH_CHECK(dq.is_cuda() && dq.scalar_type() == t16 && dq.stride(-1) == 1,
+              "sage_compile sm90 int8_train: dq must be CUDA ", t16, " with channel stride 1");
+  const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
+  const int64_t hkv = k8.size(1), lk = k8.size(2);
+  TORCH_CHECK(k8t.size(2) == d && k8t.size(3) == lk && v16.sizes() == k8.sizes() && do16.sizes() == q8.sizes() &&
+                  lse2.size(2) == lq && delta.sizes() == lse2.sizes() && kmean.size(1) == hkv && kmean.size(2) == d &&
+                  k8.size(0) == b && k8.size(3) == d && dq.size(2) == lq,
+              "sage_compile sm90 int8_train: shapes");
+  const c10::cuda::CUDAGuard guard(q8.device());
+  const int rc = sage_int8_train_sm90_dq(
+      q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), k8t.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
+      kmean.data_ptr<float>(), lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), dq.data_ptr(),
+      t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq),
+      static_cast<int>(lk), static_cast<int>(d), sob, soh, son, static_cast<float>(c), static_cast<float>(sm),
+      causal ? 1 : 0, static_cast<int>(coff), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train dQ kernel failed (code ", rc,
+              ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
+}
+
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("dkdv", &dkdv, "sage_compile int8_train sm90 dK / dV"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("dkdv", &dkdv, "sage_compile int8_train sm90 dK / dV");
+  m.def("dq", &dq, "sage_compile int8_train sm90 dQ");
+}

@@ -1,8 +1,8 @@
-"""csrc/int8_train_sm90.cu on a CPU machine: the SageBwd dK/dV kernel compiles with a plain ``nvcc -c`` for sm_90a,
-its SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-query step and TMA loads, no local memory
-and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps the Triton kernels unless
-asked, and falls back to them with the reason where the CUDA kernel cannot run. Skipped with a note where nvcc
-is absent. (The kernel's numerics are checked on the GPU: tests/test_kernel_int8_train_cuda_gpu.py.)"""
+"""csrc/int8_train_sm90.cu on a CPU machine: the SageBwd dK/dV and dQ kernels compile with a plain ``nvcc -c`` for
+sm_90a, their SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-token step and TMA loads, no local
+memory and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps the Triton kernels
+unless asked, and falls back to them with the reason where the CUDA kernels cannot run. Skipped with a note where
+nvcc is absent. (The kernels' numerics are checked on the GPU: tests/test_kernel_int8_train_cuda_gpu.py.)"""
 import logging
 import re
 import subprocess
@@ -13,7 +13,8 @@ import torch
 from test_csrc import NVCC, _cuobjdump
 
 
-@pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2"])
+@pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
+                                                   "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -31,12 +32,12 @@ def compiled(request, tmp_path_factory):
 def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
     r, _, knobs = compiled
     assert r.returncode == 0, r.stderr[-3000:]
-    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train11dkdv_kernelILi(\d+)ELi\d+ELb([01])E.*?"
+    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train\d+(dkdv|dq)_kernelILi(\d+)ELi\d+ELb([01])E.*?"
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
-    assert len(per) == 8, per  # head dim 64/128 x causal or not x bf16/fp16
-    for d, causal, st, ld in per:
-        # both int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 20 bytes; the default halves dK's: none
-        limit = 24 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" else 0
+    assert len(per) == 16, per  # dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
+    for kind, d, causal, st, ld in per:
+        # dK/dV's two int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 20 bytes; the default halves dK's: none
+        limit = 24 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
         assert int(st) <= limit and int(ld) <= limit, (knobs, d, causal, st, ld)
     for code in ("C7508", "C7510", "C7511", "C7519", "C7520"):  # setmaxnreg ignored; wgmmas serialized or fenced
         assert code not in r.stderr, (code, knobs)
@@ -49,21 +50,27 @@ def test_sass_has_the_steps_wgmmas(compiled):
         pytest.skip("no object or no cuobjdump")
     sass = subprocess.run([tool, "--dump-sass", obj], capture_output=True, text=True).stdout
     funcs = re.split(r"\n\s*Function : ", sass)[1:]
-    assert len(funcs) == 8
+    assert len(funcs) == 16
     for f in funcs:
         name = f.split("\n", 1)[0]
-        d = int(re.search(r"dkdv_kernelILi(\d+)E", name).group(1))
+        kind, d = re.search(r"(dkdv|dq)_kernelILi(\d+)E", name).groups()
+        d = int(d)
         fp16 = "6__half" in name
-        # per step: S^T (D / 32 s8 k-steps, n64), dP^T (D / 16 16-bit k-steps), dV and dK (two k-steps each, in
-        # one n128 / n64 wgmma per channel part)
+        # per step: S (D / 32 s8 k-steps, n64), dP (D / 16 16-bit k-steps), then dV and dK, or dQ (two k-steps
+        # each, in one n128 / n64 wgmma per channel part)
         assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == d // 32, name
         assert len(re.findall(r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16"), f)) == d // 16, name  # (fp16: no suffix)
         rs = re.findall(r"IGMMA\.64x(\d+)x32\.S8\.S8 R\d+, R\d+, gdesc", f)
-        halves = d == 128 and "SAGE_TRAIN_PARTS=0" not in knobs
-        assert sorted(rs) == sorted([str(d)] * 2 + [str(d // 2 if halves else d)] * (4 if halves else 2)), (name, rs)
+        if kind == "dkdv":
+            halves = d == 128 and "SAGE_TRAIN_PARTS=0" not in knobs
+            want = [str(d)] * 2 + [str(d // 2 if halves else d)] * (4 if halves else 2)
+        else:
+            halves = d == 128 and "SAGE_TRAIN_DQ_PARTS=1" in knobs
+            want = [str(d // 2 if halves else d)] * (4 if halves else 2)
+        assert sorted(rs) == sorted(want), (name, rs)
         assert "UTMALDG" in f and "USETMAXREG" in f, name
-        assert not re.search(r"\b(LDL|STL)\b", f) or "SAGE_TRAIN_PARTS=0" in knobs, name
-        # the exps of P^T (32 a step) and no IEEE-division slow path (FCHK / CALL) in the step
+        assert not re.search(r"\b(LDL|STL)\b", f) or ("SAGE_TRAIN_PARTS=0" in knobs and kind == "dkdv"), name
+        # the exps of P (32 a step) and no IEEE-division slow path (FCHK / CALL) in the step
         assert len(re.findall(r"MUFU\.EX2", f)) == 32, name
         assert "FCHK" not in f and "CALL" not in f, name
 
@@ -86,17 +93,19 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
     # the checks past the device (a CUDA-looking tensor without a GPU: only the metadata is read)
     meta = [(q8, "tile", 0, torch.bfloat16, "psi='tile'"), (q8, "split", 1, torch.bfloat16, "masks"),
             (q8[..., :80], "split", 0, torch.bfloat16, "head_dim 80"), (q8, "split", 0, torch.float32, "dtype"),
-            (q8[:, :, :40], "split", 0, torch.bfloat16, "40 queries")]
+            (q8[:, :, :40], "split", 0, torch.bfloat16, "40 queries"), (q8, "split", 0, torch.bfloat16, "")]
+    k_odd = k8[:, :, :40]
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     for q, psi, kind, dt, why in meta:
-        assert why in cuda.unsupported(q, k8, kind, psi, dt), (psi, kind, dt)
+        kk = k_odd if not why else k8  # the last case: 40 keys
+        assert (why or "40 keys") in cuda.unsupported(q, kk, kind, psi, dt), (psi, kind, dt)
     monkeypatch.setattr(cuda, "load", lambda: None)
     cuda._state["error"] = "RuntimeError: no CUDA device"
     assert cuda.unsupported(q8, k8, 0, "split", torch.bfloat16) == "RuntimeError: no CUDA device"
 
 
 def test_backward_asks_for_the_cuda_kernel_only_when_told(monkeypatch, caplog):
-    """Default: the Triton kernels, the CUDA kernel never loaded; SAGE_COMPILE_INT8_TRAIN_CORE=cuda where it
+    """Default: the Triton kernels, the CUDA kernels never loaded; SAGE_COMPILE_INT8_TRAIN_CORE=cuda where they
     cannot run: the reason logged once, and the Triton kernels serve."""
     from sage_compile.kernels.int8_train import attention as A
     from sage_compile.kernels.int8_train import cuda
@@ -104,14 +113,14 @@ def test_backward_asks_for_the_cuda_kernel_only_when_told(monkeypatch, caplog):
     monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
     q8, k8 = torch.zeros(1, 2, 64, 64, dtype=torch.int8), torch.zeros(1, 1, 64, 64, dtype=torch.int8)
     monkeypatch.delenv("SAGE_COMPILE_INT8_TRAIN_CORE", raising=False)
-    assert A._cuda_dkdv(q8, k8, 0, "split", torch.bfloat16) is False
+    assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
     assert cuda._state["tried"] is False  # not even built
     monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
     with caplog.at_level(logging.WARNING, logger="sage_compile"):
-        assert A._cuda_dkdv(q8, k8, 0, "split", torch.bfloat16) is False
-        assert A._cuda_dkdv(q8, k8, 0, "split", torch.bfloat16) is False
-    notes = [r.getMessage() for r in caplog.records if "int8_train dK/dV on Triton" in r.getMessage()]
-    assert notes == ["sage_compile: int8_train dK/dV on Triton, not the CUDA kernel: not a CUDA tensor"]
+        assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
+        assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
+    notes = [r.getMessage() for r in caplog.records if "int8_train backward on Triton" in r.getMessage()]
+    assert notes == ["sage_compile: int8_train backward on Triton, not the CUDA kernels: not a CUDA tensor"]
 
 
 def test_build_name_follows_the_shared_header(monkeypatch, tmp_path):

@@ -1,8 +1,8 @@
-"""The CUDA sm90 SageBwd dK/dV kernel (csrc/int8_train_sm90.cu, SAGE_COMPILE_INT8_TRAIN_CORE=cuda) on the GPU:
-it must have built (no silent fallback), dQ is the Triton kernel's bit for bit, and dK, dV agree with the Triton
-split kernel's (same quantized sets, fp32 sums in another order) and are as close to fp32 autograd (error ratio),
-over head dims, causal kinds, GQA, ragged key counts, a query count that is not a multiple of 64, bf16 and fp16;
-a query count it does not take falls back to Triton exactly."""
+"""The CUDA sm90 SageBwd kernels (csrc/int8_train_sm90.cu: dK/dV and dQ, SAGE_COMPILE_INT8_TRAIN_CORE=cuda) on the
+GPU: they must have built (no silent fallback); dQ, dK, dV agree with the Triton split kernels' (same quantized
+sets, fp32 sums in another order) and are as close to fp32 autograd (error ratio), over head dims, causal kinds,
+GQA, token counts that are not multiples of the tiles (64 queries, 128 keys), bf16 and fp16; a token count they
+do not take falls back to Triton exactly."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +15,9 @@ CASES = [  # (d, causal, B, Hq, Hkv, Lq, Lk, dtype)
     (128, "top_left", 2, 8, 2, 2048, 2048, torch.bfloat16),
     (64, "none", 2, 8, 2, 2048, 2048, torch.bfloat16),
     (64, "top_left", 1, 4, 4, 1024, 1024, torch.float16),
-    (128, "bottom_right", 2, 4, 2, 1008, 1000, torch.bfloat16),  # Lq not a multiple of 64, Lk of 128
-    (64, "none", 1, 6, 3, 496, 1500, torch.float16),
+    (128, "bottom_right", 2, 4, 2, 1008, 1040, torch.bfloat16),  # Lq not a multiple of 64 (nor 128), Lk of 128
+    (64, "none", 1, 6, 3, 496, 1504, torch.float16),
+    (128, "bottom_right", 1, 2, 1, 592, 1040, torch.bfloat16),  # fewer queries than keys
 ]
 
 
@@ -55,17 +56,16 @@ def test_cuda_dkdv_matches_triton(case, monkeypatch):
     tri = _backward("triton", monkeypatch, qt, o, lse, do, causal, dtype)
     got = _backward("cuda", monkeypatch, qt, o, lse, do, causal, dtype)
     assert cuda.status()["built"], cuda.status()  # the CUDA kernel ran, not a fallback
-    assert torch.equal(got[0], tri[0])  # dQ: the same Triton kernel
     want = _grads_fp32(q, k, v, causal, do)
     line = []
-    for n, a, t, w in zip(("dk", "dv"), got[1:], tri[1:], want[1:]):
+    for n, a, t, w in zip(("dq", "dk", "dv"), got, tri, want):
         assert a.shape == t.shape and a.dtype == t.dtype and torch.isfinite(a).all(), n
         same = cos_rel(a.float(), t.float())
         ka, kt = cos_rel(a.float(), w), cos_rel(t.float(), w)
         line.append(f"{n} vs triton {same[0]:.6f}/{same[1]:.5f}, vs fp32 cuda {ka[1]:.5f} triton {kt[1]:.5f}")
         assert same[0] > 0.9999 and same[1] < 0.01, (n, same)
         assert ka[1] <= 1.05 * kt[1] + 1e-3, (n, ka, kt)
-    print(f"\nint8_train cuda dK/dV {case[:7]}: " + "; ".join(line))
+    print(f"\nint8_train cuda backward {case[:7]}: " + "; ".join(line))
 
 
 def test_query_count_it_does_not_take_falls_back_exactly(monkeypatch):

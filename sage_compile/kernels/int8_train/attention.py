@@ -435,9 +435,9 @@ def _dkdv_parts(d):
     return (1, 2) if d in DKDV_TWO_PASS else (0,)
 
 
-def _cuda_dkdv(q8, k8, mask_kind: int, psi: str, dtype16) -> bool:
-    """Whether the CUDA sm90 dK/dV kernel computes dK, dV (``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` and it supports
-    the call; where it does not, the reason is logged once and the Triton kernels serve)."""
+def _cuda_backward(q8, k8, mask_kind: int, psi: str, dtype16) -> bool:
+    """Whether the CUDA sm90 kernels compute dQ, dK, dV (``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` and they support
+    the call; where they do not, the reason is logged once and the Triton kernels serve)."""
     from ...config import int8_train_core
 
     if int8_train_core() != "cuda":
@@ -532,27 +532,27 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
-    cuda_dkdv = split and not EMULATE_FP8 and _cuda_dkdv(q8, k8, kind, psi, dk.dtype)  # (dk: the 16-bit type)
-    if cuda_dkdv:  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: dK, dV from the sm90 kernel, dQ from Triton's
-        from . import cuda as train_cuda
+    if split and not EMULATE_FP8 and _cuda_backward(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
+        from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: dK, dV and dQ from the sm90 kernels
 
-        train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse, delta, do16, do8t, sdo, dk, dv, causal, sm,
+        lse2 = train_cuda.lse_log2(lse)
+        train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal, sm,
                         bhn_strides(dk, layout))
+        train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, causal, sm, bhn_strides(dq, layout))
+        return dq, dk, dv
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
         bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
         cfg.pop("BLOCK_N", None)
-        if split and not cuda_dkdv:
+        if split:
             for part in _dkdv_parts(d):
                 _bwd_dkdv_split[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
-        elif not split:
+        else:
             _bwd_dkdv[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
         _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
     elif split:
-        if not cuda_dkdv:
-            for part in _dkdv_parts(d):
-                _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta,
-                                                                                      PART=part)
+        for part in _dkdv_parts(d):
+            _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta, PART=part)
         _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     else:
         _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)

@@ -1,11 +1,11 @@
-"""The CUDA sm90 dK/dV kernel of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
+"""The CUDA sm90 backward kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
 
 ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (:func:`sage_compile.config.int8_train_core`; default ``triton``) sends
-the dK/dV part of the ``psi="split"`` backward to this kernel wherever it supports the call (head dim 64 or
-128, no mask other than causal, queries a multiple of 16, a 16-bit dtype, an sm90 GPU); dQ and the forward
-stay on the Triton kernels. Same numerics as ``_bwd_dkdv_split``: the same quantized sets, fp32 sums in
-another order. The kernel has not yet run on a GPU (built and inspected offline only), which is why it is
-not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
+the ``psi="split"`` backward's dK/dV and dQ to these kernels wherever they support the call (head dim 64 or
+128, no mask other than causal, queries and keys multiples of 16, a 16-bit dtype, an sm90 GPU); the forward
+and the small preparation kernel stay on Triton. Same numerics as ``_bwd_dkdv_split`` and ``_bwd_dq``: the
+same quantized sets, fp32 sums in another order. The kernels have not yet run on a GPU (built and inspected
+offline only), which is why they are not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
 first use (cached by torch under a name that carries the hash of the sources and flags); if it cannot be
 built or loaded, the Triton kernels serve and the reason is logged once and kept in :func:`status`.
 """
@@ -54,7 +54,7 @@ def load():
         except Exception as e:  # noqa: BLE001 - any failure means: the Triton kernels serve
             msg = str(e).strip()
             _state["error"] = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"
-            log.warning("sage_compile: CUDA int8_train dK/dV kernel unavailable, using Triton (%s)", _state["error"])
+            log.warning("sage_compile: CUDA int8_train backward kernels unavailable, using Triton (%s)", _state["error"])
         return _state["module"]
 
 
@@ -64,7 +64,7 @@ def status() -> dict:
 
 
 def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype) -> Optional[str]:
-    """Why the CUDA dK/dV kernel cannot run this backward (None when it can). ``mask_kind``: 0 none (causal
+    """Why the CUDA backward kernels cannot run this backward (None when they can). ``mask_kind``: 0 none (causal
     comes as an index rule), else a mask read in-kernel. Builds the extension on first use."""
     b, hq, lq, d = q8.shape
     if not q8.is_cuda:
@@ -77,9 +77,10 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dt
         return f"head_dim {d} (the CUDA kernel has 64 and 128)"
     if dtype16 not in (torch.bfloat16, torch.float16):
         return f"dtype {dtype16}"
-    if lq % 16 or lq == 0 or k8.shape[2] == 0:
-        return f"{lq} queries (the CUDA kernel needs a multiple of 16)"
-    if b * k8.shape[1] > 65535:
+    lk = k8.shape[2]
+    if lq % 16 or lk % 16 or lq == 0 or lk == 0:
+        return f"{lq} queries, {lk} keys (the CUDA kernels need multiples of 16)"
+    if b * hq > 65535:
         return "grid size"
     if load() is None:
         return _state["error"]
@@ -87,22 +88,38 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dt
 
 
 def note_fallback(why: str) -> None:
-    """The CUDA kernel was asked for and cannot run a call: logged once per reason; Triton serves."""
+    """The CUDA kernels were asked for and cannot run a call: logged once per reason; Triton serves."""
     if why not in _state["logged"]:
         _state["logged"].add(why)
-        log.warning("sage_compile: int8_train dK/dV on Triton, not the CUDA kernel: %s", why)
+        log.warning("sage_compile: int8_train backward on Triton, not the CUDA kernels: %s", why)
 
 
-def dkdv(q8, q8t, qs, k8, ks, v16, lse, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
+def lse_log2(lse: torch.Tensor) -> torch.Tensor:
+    """The LSE (natural-log units, -inf for rows without keys) as both kernels read it: log2 units, +inf for
+    those rows, so that P = exp2(z - lse2) is 0 there without a test."""
+    return torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).contiguous()
+
+
+def _coff(causal: str, lq: int, lk: int) -> int:
+    return 0 if causal == "top_left" else lk - lq
+
+
+def dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, causal: str, sm: float, out_strides: tuple,
+       module=None) -> None:
+    """dQ of the ``psi="split"`` backward into ``dq_out`` (values at ``out_strides``, channel stride 1, in
+    ``v16``'s dtype), with the K-smoothing correction and the softmax scale. ``k8t`` (B, Hkv, D, Lk) k̂
+    transposed, ``kmean`` (B, Hkv, D), ``lse2`` from :func:`lse_log2`; the rest as :func:`dkdv`."""
+    mod = load() if module is None else module
+    mod.dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, sm * LOG2E, sm, causal != "none",
+           _coff(causal, q8.shape[2], k8.shape[2]), *out_strides)
+
+
+def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
          out_strides: tuple, module=None) -> None:
     """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
     token) strides, channel stride 1, in ``v16``'s dtype). Operands as :func:`sage_compile.kernels.int8_train.
-    attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse`` (B, Hq, Lq) fp32 in
-    natural-log units (-inf for rows without keys); ``sm`` the softmax scale; ``module``: a :func:`build` of
-    other knobs (benchmarks)."""
+    attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse2`` from :func:`lse_log2`;
+    ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks)."""
     mod = load() if module is None else module
-    lq, lk = q8.shape[2], k8.shape[2]
-    lse2 = torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).contiguous()  # P = exp2(z - lse2)
-    coff = 0 if causal == "top_left" else lk - lq
     mod.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, sm * LOG2E, sm, causal != "none",
-             coff, *out_strides)
+             _coff(causal, q8.shape[2], k8.shape[2]), *out_strides)
