@@ -1,4 +1,4 @@
-// SageBwd backward for Hopper (sm_90a): the int8_train dK / dV and dQ kernels with psi="split" numerics.
+// SageBwd for Hopper (sm_90a): the int8_train forward, and the dK / dV and dQ kernels with psi="split" numerics.
 //
 // dK / dV: same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and the
 // reference (sage_compile/reference/int8_train.py, shared/docs/numerics.md §4): for each key block and each
@@ -25,7 +25,8 @@
 // ceil(Lq/128)) fp32. Lq a multiple of 16 (the transposed tiles' row stride for TMA). Outputs dK, dV (B, Hkv, Lk,
 // D) at any (b, h, token) strides with channel stride 1, bf16 or fp16 (the 16-bit type of v16 / do16).
 //
-// dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; see its comment.
+// dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; the forward (fwd_kernel) has the same
+// shape; see their comments.
 //
 // Not yet run on a GPU (built and inspected offline only); sage_compile uses them only where asked
 // (SAGE_COMPILE_INT8_TRAIN_CORE=cuda, sage_compile/kernels/int8_train/cuda.py).
@@ -54,6 +55,10 @@
 #endif
 #ifndef SAGE_TRAIN_DQ_PARTS
 #define SAGE_TRAIN_DQ_PARTS 0
+#endif
+// SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
+#ifndef SAGE_TRAIN_FWD_STAGES
+#define SAGE_TRAIN_FWD_STAGES 4
 #endif
 
 namespace sage_sm90 {
@@ -623,6 +628,213 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ------------------------------------------------------------------------------------------ forward
+struct FwdParams {
+  const float* qs;  // (B*Hq, nqb): Q scales, 128 queries each
+  const float* ks;  // (B*Hkv, nkb): K scales, 64 keys each
+  const float* vs;  // (B*Hkv, nkb): V scales, 64 keys each
+  void* out;
+  float* lse;       // (B*Hq, lq): natural-log units, -inf for rows without keys
+  int hq, group, lq, lk, nqb, nkb;
+  float c;   // softmax scale * log2(e)
+  int coff;  // causal: key n visible from query m iff n <= m + coff
+  long long sob, soh, son;  // O strides (elements)
+};
+
+template <int D, int STAGES>
+struct FwdLayout {
+  static constexpr int kQBytes = 2 * kBM * D;  // q̂ of the CTA's 128 queries, one box
+  static constexpr int kK = 0, kVT = kBM * D;   // offsets in a stage
+  static constexpr int kStageBytes = 2 * kBM * D;  // k̂ (perm_base's row order) + V̂^T (channels x 64 keys)
+  static constexpr int kQ = 0;
+  static constexpr int kStage0 = kQ + kQBytes;
+  static constexpr int kBar = kStage0 + STAGES * kStageBytes;
+  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+};
+
+// Forward of 128 queries (two consumer warpgroups of 64) of one (batch, query head), SageBwd's numerics as the
+// Triton `_fwd_kernel`: per 64-key step S = q̂·k̂^T (s8) times the Q scale (with the softmax scale and log2 e) and
+// the K scale; online softmax in the exp2 domain; P~ = exp2(z - m) quantized per row with the row's max in the
+// step (ψ per token: pmax / 127) straight into the INT8 A fragments of O_step = P̂·V̂ (s8, V̂^T as the K-major B
+// operand), folded as O = alpha * O + O_step * (pmax / 127 * V scale); row sums of the unrounded P~; O / l and
+// the LSE at the end. The turn at the tensor cores issues PV of this step and S of the next one together (on the
+// last step S is recomputed on this step's k̂ and dropped: no wgmma sits in a conditional).
+template <int D, int STAGES, bool CAUSAL, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+               const __grid_constant__ CUtensorMap tm_vt, const FwdParams p) {
+#if SAGE_SM90A
+  using L = FwdLayout<D, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* sq = smem + L::kQ;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = bars + 1 + STAGES;
+
+  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
+  const int bh = blockIdx.y;
+  const int b = bh / p.hq, h = bh % p.hq;
+  const int bhk = b * (p.hq / p.group) + h / p.group;
+  const int hi = CAUSAL ? min(p.lk, m0 + 2 * kBM + p.coff) : p.lk;
+  const int n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kCW);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kCW) {  // producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (warp == kCW && lane == 0) {
+      tma_prefetch(&tm_q);
+      tma_prefetch(&tm_k);
+      tma_prefetch(&tm_vt);
+      mbar_expect_tx(q_full, L::kQBytes);
+      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % STAGES, n0 = j * kBM;
+        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
+        uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+        mbar_expect_tx(&full[s], L::kStageBytes);
+#pragma unroll
+        for (int r = 0; r < 8; ++r)  // 8 rows each: keys perm_base(r) + 4t + e at row 8r + 2t + e
+          tma_load_4d(st + L::kK + r * 8 * D, &tm_k, &full[s], 0, perm_base(r) & 3, (n0 + (perm_base(r) & ~3)) / 4,
+                      bhk);
+        tma_load_3d(st + L::kVT, &tm_vt, &full[s], n0, 0, bhk);
+      }
+    }
+    return;
+  }
+
+  // consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
+  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
+  const int row0 = m0 + wg * 64 + w * 16 + g8;  // this thread's queries: row0, row0 + 8
+  const float qsc = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128) * p.c;
+  const uint64_t da_q = smem_desc<D>(sq + wg * 64 * D);
+
+  float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+
+  mbar_wait(q_full, 0);
+  if (n_tiles > 0) {
+    uint32_t sacc[32];
+    mbar_wait(&full[0], 0);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(smem + L::kStage0 + L::kK) + 2 * kk, kk);
+    wg_commit();
+    wg_wait0();
+    reg_fence(sacc);
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % STAGES, n0 = j * kBM;
+      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+      const float ksc = __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j);
+      const float vsc = __ldg(p.vs + static_cast<size_t>(bhk) * p.nkb + j);
+      const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > m0 + wg * 64 + p.coff);
+      const float a = qsc * ksc;
+      // z = S * a (-inf where masked); the row max; P~ = exp2(z - m_new)
+      float z[32];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float v = __int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])) * a;
+            if (edge) {
+              const int key = n0 + perm_base(i) + 4 * t + e;
+              if (key >= p.lk || (CAUSAL && key > row0 + 8 * rh + p.coff)) v = -INFINITY;
+            }
+            z[4 * i + 2 * rh + e] = v;
+          }
+      float alpha[2], msafe[2];
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) mx = fmaxf(mx, fmaxf(z[4 * i + 2 * rh], z[4 * i + 2 * rh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_i[rh], mx);
+        msafe[rh] = mn == -INFINITY ? 0.f : mn;
+        alpha[rh] = ex2(m_i[rh] - msafe[rh]);
+        m_i[rh] = mn;
+      }
+      float rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int x = 0; x < 32; ++x) {
+        z[x] = ex2(z[x] - msafe[(x >> 1) & 1]);
+        rs[(x >> 1) & 1] += z[x];
+      }
+      uint32_t pa[2][4];
+      float sp[2];
+      psi_rows<false>(z, pa, sp);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) l_i[rh] = fmaf(l_i[rh], alpha[rh], rs[rh]);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
+      // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
+      const bool more = j + 1 < n_tiles;
+      const int s1 = more ? (j + 1) % STAGES : s;
+      if (more) mbar_wait(&full[s1], ((j + 1) / STAGES) & 1);
+      uint32_t pv[D / 2];
+      wg_fence();
+      wgmma_s8_rs<D>(pv, pa[0], smem_desc<64>(st + L::kVT), 0);
+      wgmma_s8_rs<D>(pv, pa[1], smem_desc<64>(st + L::kVT) + 2, 1);
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(smem + L::kStage0 + s1 * L::kStageBytes + L::kK) + 2 * kk, kk);
+      wg_commit();
+      wg_wait0();
+      reg_fence(pv);
+      reg_fence(sacc);
+      mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+      const float f[2] = {sp[0] * vsc, sp[1] * vsc};
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& acc = o[4 * i + 2 * rh + e];
+            acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc * alpha[rh]);
+          }
+    }
+  }
+
+  // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
+  T* out = static_cast<T*>(p.out) + b * p.sob + h * p.soh;
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    float l = l_i[rh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = row0 + 8 * rh;
+    const float inv = l == 0.f ? 0.f : __fdividef(1.f, l);  // l in [1, Lk] (the row max's own exp is 1)
+    if (row < p.lq) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i)
+        store2<T>(out + row * p.son + 8 * i + 2 * t, o[4 * i + 2 * rh] * inv, o[4 * i + 2 * rh + 1] * inv);
+      if (t == 0)
+        p.lse[static_cast<size_t>(bh) * p.lq + row] =
+            l == 0.f ? -INFINITY : (m_i[rh] + __log2f(l)) * 0.6931471805599453f;
+    }
+  }
+#endif
+}
+
 template <int D, bool CAUSAL, typename T>
 int launch(const CUtensorMap* maps, const Params& p, int grid_x, int grid_y, cudaStream_t stream) {
   using L = Layout<D, SAGE_TRAIN_STAGES>;
@@ -650,6 +862,20 @@ int launch_dq(const CUtensorMap* maps, const DqParams& p, int grid_x, int grid_y
 template <int D, typename T>
 int dispatch_dq(const CUtensorMap* maps, const DqParams& p, bool causal, int gx, int gy, cudaStream_t stream) {
   return causal ? launch_dq<D, true, T>(maps, p, gx, gy, stream) : launch_dq<D, false, T>(maps, p, gx, gy, stream);
+}
+
+template <int D, bool CAUSAL, typename T>
+int launch_fwd(const CUtensorMap* maps, const FwdParams& p, int grid_x, int grid_y, cudaStream_t stream) {
+  using L = FwdLayout<D, SAGE_TRAIN_FWD_STAGES>;
+  auto kernel = fwd_kernel<D, SAGE_TRAIN_FWD_STAGES, CAUSAL, T>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
+  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], p);
+  return cudaGetLastError() == cudaSuccess ? 0 : 13;
+}
+
+template <int D, typename T>
+int dispatch_fwd(const CUtensorMap* maps, const FwdParams& p, bool causal, int gx, int gy, cudaStream_t stream) {
+  return causal ? launch_fwd<D, true, T>(maps, p, gx, gy, stream) : launch_fwd<D, false, T>(maps, p, gx, gy, stream);
 }
 
 }  // namespace train
@@ -750,4 +976,39 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   if (d == 128)
     return fp16 ? dispatch_dq<128, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
   return fp16 ? dispatch_dq<64, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+}
+
+// Forward: O (B, Hq, Lq, D) at strides (sob, soh, son) (channel stride 1), bf16 (out_fp16 0) or fp16, and the LSE
+// (B, Hq, Lq) fp32 (natural log, -inf for rows without keys); returns as sage_int8_train_sm90_dkdv. q8 (B, Hq, Lq,
+// D) int8, qs (B, Hq, ceil(Lq/128)), k8 (B, Hkv, Lk, D) int8, ks and vs (B, Hkv, ceil(Lk/64)), v8t (B, Hkv, D, Lk)
+// int8 (V̂ transposed). Lk a multiple of 16 (V̂^T's row stride for TMA).
+extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
+                                        const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
+                                        int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
+                                        long long son, float c, int causal, int coff, void* stream) {
+  using namespace sage_sm90;
+  using namespace sage_sm90::train;
+  if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
+      static_cast<long long>(b) * hq > 65535)
+    return 1;
+  const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
+  const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  CUtensorMap maps[3];
+  const uint64_t q_dims[3] = {ud, ulq, bhq}, q_str[2] = {ud, ulq * ud};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), 2 * kBM, 1};
+  const uint64_t k_dims[4] = {ud, 4, ulk / 4, bhk}, k_str[3] = {ud, 4 * ud, ulk * ud};
+  const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
+  const uint64_t t_dims[3] = {ulk, ud, bhk}, t_str[2] = {ulk, ulk * ud};
+  const uint32_t t_box[3] = {kBM, static_cast<uint32_t>(d), 1};
+  int rc = make_map(&maps[0], q8, 3, q_dims, q_str, q_box, swz8);
+  if (!rc) rc = make_map(&maps[1], k8, 4, k_dims, k_str, k_box, swz8);
+  if (!rc) rc = make_map(&maps[2], v8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
+  if (rc) return rc;
+  const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
+  FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son};
+  const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (d == 128)
+    return out_fp16 ? dispatch_fwd<128, __half>(maps, p, causal, gx, gy, st) : dispatch_fwd<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return out_fp16 ? dispatch_fwd<64, __half>(maps, p, causal, gx, gy, st) : dispatch_fwd<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
 }

@@ -1,4 +1,4 @@
-// Torch binding of the sm90 SageBwd dK / dV kernel (int8_train_sm90.cu): checks the tensors, passes pointers,
+// Torch binding of the sm90 SageBwd kernels (int8_train_sm90.cu: forward, dK / dV, dQ): checks the tensors, passes pointers,
 // strides and the current stream to the plain C launcher. Built with the kernel by
 // sage_compile/kernels/int8_train/cuda.py through torch.utils.cpp_extension at first use.
 #include <torch/extension.h>
@@ -17,6 +17,11 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
                                        const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
                                        int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
                                        float c, float sm, int causal, int coff, void* stream);
+
+extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
+                                        const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
+                                        int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
+                                        long long son, float c, int causal, int coff, void* stream);
 
 namespace {
 
@@ -109,9 +114,42 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
 
+// forward: q8 (B, Hq, Lq, D) int8, qs (B, Hq, ceil(Lq/128)), k8 (B, Hkv, Lk, D) int8, ks / vs (B, Hkv, ceil(Lk/64)),
+// v8t (B, Hkv, D, Lk) int8; out (B, Hq, Lq, D) values at strides (sob, soh, son, 1), bf16/fp16; lse (B, Hq, Lq)
+// fp32 contiguous. Lk a multiple of 16.
+void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& ks,
+         const at::Tensor& v8t, const at::Tensor& vs, at::Tensor& out, at::Tensor& lse, double c, bool causal,
+         int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+  check(q8, at::kChar, 4, "q8");
+  check(k8, at::kChar, 4, "k8");
+  check(v8t, at::kChar, 4, "v8t");
+  check(qs, at::kFloat, 3, "qs");
+  check(ks, at::kFloat, 3, "ks");
+  check(vs, at::kFloat, 3, "vs");
+  check(lse, at::kFloat, 3, "lse");
+  TORCH_CHECK(out.is_cuda() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf) &&
+                  out.stride(-1) == 1,
+              "sage_compile sm90 int8_train: out must be CUDA bf16/fp16 with channel stride 1");
+  const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
+  const int64_t hkv = k8.size(1), lk = k8.size(2);
+  TORCH_CHECK(k8.size(0) == b && k8.size(3) == d && v8t.size(1) == hkv && v8t.size(2) == d && v8t.size(3) == lk &&
+                  lse.size(0) == b && lse.size(1) == hq && lse.size(2) == lq && ks.sizes() == vs.sizes(),
+              "sage_compile sm90 int8_train: shapes");
+  const c10::cuda::CUDAGuard guard(q8.device());
+  const int rc = sage_int8_train_sm90_fwd(
+      q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v8t.data_ptr(), vs.data_ptr<float>(),
+      out.data_ptr(), lse.data_ptr<float>(), out.scalar_type() == at::kHalf, static_cast<int>(b),
+      static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d),
+      sob, soh, son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff),
+      at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train forward kernel failed (code ", rc,
+              ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dkdv", &dkdv, "sage_compile int8_train sm90 dK / dV");
   m.def("dq", &dq, "sage_compile int8_train sm90 dQ");
+  m.def("fwd", &fwd, "sage_compile int8_train sm90 forward");
 }

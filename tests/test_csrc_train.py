@@ -1,6 +1,6 @@
-"""csrc/int8_train_sm90.cu on a CPU machine: the SageBwd dK/dV and dQ kernels compile with a plain ``nvcc -c`` for
-sm_90a, their SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-token step and TMA loads, no local
-memory and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps the Triton kernels
+"""csrc/int8_train_sm90.cu on a CPU machine: the SageBwd forward, dK/dV and dQ kernels compile with a plain
+``nvcc -c`` for sm_90a, their SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-token step and TMA
+loads, no local memory and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps the Triton kernels
 unless asked, and falls back to them with the reason where the CUDA kernels cannot run. Skipped with a note where
 nvcc is absent. (The kernels' numerics are checked on the GPU: tests/test_kernel_int8_train_cuda_gpu.py.)"""
 import logging
@@ -14,7 +14,8 @@ from test_csrc import NVCC, _cuobjdump
 
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
-                                                   "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4"])
+                                                   "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
+                                                   "-DSAGE_TRAIN_FWD_STAGES=2"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -32,9 +33,9 @@ def compiled(request, tmp_path_factory):
 def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
     r, _, knobs = compiled
     assert r.returncode == 0, r.stderr[-3000:]
-    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train\d+(dkdv|dq)_kernelILi(\d+)ELi\d+ELb([01])E.*?"
+    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train\d+(dkdv|dq|fwd)_kernelILi(\d+)ELi\d+ELb([01])E.*?"
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
-    assert len(per) == 16, per  # dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
+    assert len(per) == 24, per  # forward, dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
     for kind, d, causal, st, ld in per:
         # dK/dV's two int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 20 bytes; the default halves dK's: none
         limit = 24 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
@@ -50,18 +51,23 @@ def test_sass_has_the_steps_wgmmas(compiled):
         pytest.skip("no object or no cuobjdump")
     sass = subprocess.run([tool, "--dump-sass", obj], capture_output=True, text=True).stdout
     funcs = re.split(r"\n\s*Function : ", sass)[1:]
-    assert len(funcs) == 16
+    assert len(funcs) == 24
     for f in funcs:
         name = f.split("\n", 1)[0]
-        kind, d = re.search(r"(dkdv|dq)_kernelILi(\d+)E", name).groups()
+        kind, d = re.search(r"(dkdv|dq|fwd)_kernelILi(\d+)E", name).groups()
         d = int(d)
         fp16 = "6__half" in name
-        # per step: S (D / 32 s8 k-steps, n64), dP (D / 16 16-bit k-steps), then dV and dK, or dQ (two k-steps
-        # each, in one n128 / n64 wgmma per channel part)
-        assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == d // 32, name
-        assert len(re.findall(r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16"), f)) == d // 16, name  # (fp16: no suffix)
+        # per step: S (D / 32 s8 k-steps, n64; the forward's first S before its loop too), dP (D / 16 16-bit
+        # k-steps; not in the forward), then PV, dV and dK, or dQ (two k-steps each, in one n128 / n64 wgmma per
+        # channel part)
+        n_s = d // 32 * (2 if kind == "fwd" else 1)
+        assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == n_s, name
+        n_dp = 0 if kind == "fwd" else d // 16
+        assert len(re.findall(r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16"), f)) == n_dp, name  # (fp16: no suffix)
         rs = re.findall(r"IGMMA\.64x(\d+)x32\.S8\.S8 R\d+, R\d+, gdesc", f)
-        if kind == "dkdv":
+        if kind == "fwd":
+            want = [str(d)] * 2
+        elif kind == "dkdv":
             halves = d == 128 and "SAGE_TRAIN_PARTS=0" not in knobs
             want = [str(d)] * 2 + [str(d // 2 if halves else d)] * (4 if halves else 2)
         else:
@@ -70,8 +76,8 @@ def test_sass_has_the_steps_wgmmas(compiled):
         assert sorted(rs) == sorted(want), (name, rs)
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         assert not re.search(r"\b(LDL|STL)\b", f) or ("SAGE_TRAIN_PARTS=0" in knobs and kind == "dkdv"), name
-        # the exps of P (32 a step) and no IEEE-division slow path (FCHK / CALL) in the step
-        assert len(re.findall(r"MUFU\.EX2", f)) == 32, name
+        # the exps of P (32 a step; the forward's two rescale factors) and no IEEE-division slow path (FCHK / CALL)
+        assert len(re.findall(r"MUFU\.EX2", f)) == 32 + 2 * (kind == "fwd"), name
         assert "FCHK" not in f and "CALL" not in f, name
 
 
@@ -94,8 +100,10 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
     meta = [(q8, "tile", 0, torch.bfloat16, "psi='tile'"), (q8, "split", 1, torch.bfloat16, "masks"),
             (q8[..., :80], "split", 0, torch.bfloat16, "head_dim 80"), (q8, "split", 0, torch.float32, "dtype"),
             (q8[:, :, :40], "split", 0, torch.bfloat16, "40 queries"), (q8, "split", 0, torch.bfloat16, "")]
-    k_odd = k8[:, :, :40]
+    # the forward: any psi, any query count; keys still multiples of 16
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    assert "40 keys" in cuda.unsupported(q8[:, :, :40], k8[:, :, :40], 0, "tile", torch.bfloat16, forward=True)
+    k_odd = k8[:, :, :40]
     for q, psi, kind, dt, why in meta:
         kk = k_odd if not why else k8  # the last case: 40 keys
         assert (why or "40 keys") in cuda.unsupported(q, kk, kind, psi, dt), (psi, kind, dt)
@@ -113,12 +121,12 @@ def test_backward_asks_for_the_cuda_kernel_only_when_told(monkeypatch, caplog):
     monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
     q8, k8 = torch.zeros(1, 2, 64, 64, dtype=torch.int8), torch.zeros(1, 1, 64, 64, dtype=torch.int8)
     monkeypatch.delenv("SAGE_COMPILE_INT8_TRAIN_CORE", raising=False)
-    assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
+    assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
     assert cuda._state["tried"] is False  # not even built
     monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
     with caplog.at_level(logging.WARNING, logger="sage_compile"):
-        assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
-        assert A._cuda_backward(q8, k8, 0, "split", torch.bfloat16) is False
+        assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
+        assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
     notes = [r.getMessage() for r in caplog.records if "int8_train backward on Triton" in r.getMessage()]
     assert notes == ["sage_compile: int8_train backward on Triton, not the CUDA kernels: not a CUDA tensor"]
 

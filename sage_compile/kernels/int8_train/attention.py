@@ -435,16 +435,17 @@ def _dkdv_parts(d):
     return (1, 2) if d in DKDV_TWO_PASS else (0,)
 
 
-def _cuda_backward(q8, k8, mask_kind: int, psi: str, dtype16) -> bool:
-    """Whether the CUDA sm90 kernels compute dQ, dK, dV (``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` and they support
-    the call; where they do not, the reason is logged once and the Triton kernels serve)."""
+def _use_cuda(q8, k8, mask_kind: int, psi: str, dtype16, forward: bool = False) -> bool:
+    """Whether the CUDA sm90 kernels compute this backward (dQ, dK, dV), or with ``forward`` this forward
+    (``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` and they support the call; where they do not, the reason is logged
+    once and the Triton kernels serve)."""
     from ...config import int8_train_core
 
     if int8_train_core() != "cuda":
         return False
     from . import cuda as train_cuda
 
-    why = train_cuda.unsupported(q8, k8, mask_kind, psi, dtype16)
+    why = train_cuda.unsupported(q8, k8, mask_kind, psi, dtype16, forward)
     if why is not None:
         train_cuda.note_fallback(why)
     return why is None
@@ -471,6 +472,11 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
     v8t = v8.transpose(2, 3).contiguous()
+    if lq > 0 and not EMULATE_FP8 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
+        from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: the sm90 kernel
+
+        train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, causal, c, (sob, soh, son))
+        return out, lse
     args = (q8, qs, k8, ks, v8t, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
             hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_KV,
@@ -532,7 +538,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
-    if split and not EMULATE_FP8 and _cuda_backward(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
+    if split and not EMULATE_FP8 and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
         from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: dK, dV and dQ from the sm90 kernels
 
         lse2 = train_cuda.lse_log2(lse)

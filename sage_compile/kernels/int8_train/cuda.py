@@ -1,10 +1,11 @@
 """The CUDA sm90 backward kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
 
 ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (:func:`sage_compile.config.int8_train_core`; default ``triton``) sends
-the ``psi="split"`` backward's dK/dV and dQ to these kernels wherever they support the call (head dim 64 or
-128, no mask other than causal, queries and keys multiples of 16, a 16-bit dtype, an sm90 GPU); the forward
-and the small preparation kernel stay on Triton. Same numerics as ``_bwd_dkdv_split`` and ``_bwd_dq``: the
-same quantized sets, fp32 sums in another order. The kernels have not yet run on a GPU (built and inspected
+the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
+dim 64 or 128, no mask other than causal, keys (and for the backward queries) multiples of 16, a 16-bit dtype,
+an sm90 GPU); the quantization prologue and the backward's small preparation kernel stay on Triton. Same
+numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets, fp32 sums in
+another order. The kernels have not yet run on a GPU (built and inspected
 offline only), which is why they are not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
 first use (cached by torch under a name that carries the hash of the sources and flags); if it cannot be
 built or loaded, the Triton kernels serve and the reason is logged once and kept in :func:`status`.
@@ -63,23 +64,25 @@ def status() -> dict:
     return {"built": _state["module"] is not None, "error": _state["error"]}
 
 
-def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype) -> Optional[str]:
-    """Why the CUDA backward kernels cannot run this backward (None when they can). ``mask_kind``: 0 none (causal
-    comes as an index rule), else a mask read in-kernel. Builds the extension on first use."""
+def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype,
+                forward: bool = False) -> Optional[str]:
+    """Why the CUDA kernels cannot run this backward (or, with ``forward``, this forward; its numerics do not
+    depend on ``psi``) (None when they can). ``mask_kind``: 0 none (causal comes as an index rule), else a
+    mask read in-kernel. Builds the extension on first use."""
     b, hq, lq, d = q8.shape
+    lk = k8.shape[2]
     if not q8.is_cuda:
         return "not a CUDA tensor"
-    if psi != "split":
-        return f"psi={psi!r} (the CUDA kernel has the split numerics)"
+    if psi != "split" and not forward:
+        return f"psi={psi!r} (the CUDA kernels have the split numerics)"
     if mask_kind != 0:
         return "masks other than causal run on the Triton kernels"
     if d not in (64, 128):
-        return f"head_dim {d} (the CUDA kernel has 64 and 128)"
+        return f"head_dim {d} (the CUDA kernels have 64 and 128)"
     if dtype16 not in (torch.bfloat16, torch.float16):
         return f"dtype {dtype16}"
-    lk = k8.shape[2]
-    if lq % 16 or lk % 16 or lq == 0 or lk == 0:
-        return f"{lq} queries, {lk} keys (the CUDA kernels need multiples of 16)"
+    if (lq % 16 and not forward) or lk % 16 or lq == 0 or lk == 0:
+        return f"{lq} queries, {lk} keys (the CUDA kernels need multiples of 16{'' if not forward else ' keys'})"
     if b * hq > 65535:
         return "grid size"
     if load() is None:
@@ -92,6 +95,16 @@ def note_fallback(why: str) -> None:
     if why not in _state["logged"]:
         _state["logged"].add(why)
         log.warning("sage_compile: int8_train backward on Triton, not the CUDA kernels: %s", why)
+
+
+def forward(q8, qs, k8, ks, v8t, vs, out, lse, causal: str, c: float, out_strides: tuple, module=None) -> None:
+    """The ``int8_train`` forward into ``out`` (values at ``out_strides``, channel stride 1, bf16/fp16) and
+    ``lse`` (B, Hq, Lq) fp32 (natural log, -inf for rows without keys). Operands as
+    :func:`sage_compile.kernels.int8_train.attention.forward` prepares them for ``_fwd_kernel`` (HND,
+    contiguous; ``v8t`` (B, Hkv, D, Lk) V̂ transposed); ``c`` the softmax scale times log2(e)."""
+    mod = load() if module is None else module
+    mod.fwd(q8, qs, k8, ks, v8t, vs, out, lse, c, causal != "none", _coff(causal, q8.shape[2], k8.shape[2]),
+            *out_strides)
 
 
 def lse_log2(lse: torch.Tensor) -> torch.Tensor:
