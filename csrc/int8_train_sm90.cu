@@ -155,18 +155,26 @@ struct Params {
   long long sob, soh, son;  // dK / dV strides (elements)
 };
 
+// Shared memory of a kernel: its fixed tiles (FIXED bytes from 0), the ring's STAGES stages of STAGE bytes from
+// kStage0, EXTRA bytes of per-stage vectors from kExtra, the ring's barriers from kBar; kBytes with alignment slack
+template <int FIXED, int STAGE, int STAGES, int EXTRA = 0>
+struct Frame {
+  static constexpr int kStage0 = FIXED;
+  static constexpr int kStageBytes = STAGE;
+  static constexpr int kExtra = kStage0 + STAGES * STAGE;
+  static constexpr int kBar = kExtra + EXTRA;
+  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;
+};
+
 template <int D, int STAGES>
-struct Layout {
-  static constexpr int kKBytes = kBN * D;          // k̂ (int8), one box
-  static constexpr int kVBytes = kBN * D * 2;      // V̂ 16-bit, D / 64 chunks of (128 keys x 64 channels)
-  static constexpr int kQ = 0, kDO = kBM * D, kDOT = 3 * kBM * D, kQT = 4 * kBM * D;  // offsets in a stage
-  static constexpr int kStageBytes = 5 * kBM * D;  // q̂ + dO (16-bit) + dO8^T + q̂^T
-  static constexpr int kK = 0;
-  static constexpr int kV = kK + kKBytes;
-  static constexpr int kStage0 = kV + kVBytes;
-  static constexpr int kL = kStage0 + STAGES * kStageBytes;  // per stage: LSE2 (64 fp32), then delta (64 fp32)
-  static constexpr int kBar = kL + STAGES * 2 * kBM * 4;
-  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+struct Layout : Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4> {
+  static constexpr int kKBytes = kBN * D;      // k̂ (int8), one box
+  static constexpr int kVBytes = kBN * D * 2;  // V̂ 16-bit, D / 64 chunks of (128 keys x 64 channels)
+  static constexpr int kK = 0, kV = kKBytes;
+  // a stage: q̂ + dO (16-bit) in perm_base's row order, dO8^T, q̂^T; the extra bytes: each stage's LSE2 (64 fp32)
+  // and delta (64 fp32)
+  static constexpr int kQ = 0, kDO = kBM * D, kDOT = 3 * kBM * D, kQT = 4 * kBM * D;
+  static constexpr int kL = Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4>::kExtra;
 };
 
 // 8-bit RNE of y (|y| <= 127 plus rounding) in the low byte: the bits of y + 1.5 * 2^23 (an FADD, not an F2I;
@@ -243,6 +251,142 @@ __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t
   }
 }
 
+// ------------------------------------------------------------------------------------------ the kernels' frame
+// The dynamic shared memory, 1024-byte aligned (the 128B swizzle's atom)
+__device__ __forceinline__ uint8_t* smem_base() {
+  extern __shared__ uint8_t smem_raw[];
+  return smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+}
+
+// The barriers at `mem`: `first` (the CTA's fixed tiles: the producer's arrival + their bytes), then the STAGES-deep
+// ring of steps: full[s] (the producer's arrival + the stage's bytes), empty[s] (one arrival per consumer warp).
+// Step j uses stage j % STAGES in phase (j / STAGES) & 1.
+template <int STAGES>
+struct Ring {
+  uint64_t* first;
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ explicit Ring(uint8_t* mem)
+      : first(reinterpret_cast<uint64_t*>(mem)), full(first + 1), empty(first + 1 + STAGES) {}
+  __device__ void init() const {  // by thread 0; every thread of the CTA calls it
+    if (threadIdx.x == 0) {
+      mbar_init(first, 1);
+      for (int s = 0; s < STAGES; ++s) {
+        mbar_init(&full[s], 1);
+        mbar_init(&empty[s], kCW);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+  }
+  // the producer, before filling step j: the stage's previous step released by every consumer warp; its full barrier
+  __device__ uint64_t* acquire(int j) const {
+    const int s = j % STAGES;
+    if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
+    return &full[s];
+  }
+  __device__ void wait_full(int j) const { mbar_wait(&full[j % STAGES], (j / STAGES) & 1); }
+  __device__ void release(int j) const { mbar_arrive_one(&empty[j % STAGES]); }  // this consumer warp is done
+};
+
+// The producer warpgroup gives its registers to the consumers; true in the one lane that issues the TMA loads.
+__device__ __forceinline__ bool producer_lane() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+  return threadIdx.x == kCW * 32;
+}
+
+// A consumer thread (after taking the producer's registers): its warpgroup (through a shuffle: warp-uniform, so
+// what derives from it lives in uniform registers), its warp in the warpgroup, its quad row g8 and lane t in it.
+struct Lane {
+  int wg, w, g8, t;
+};
+__device__ __forceinline__ Lane consumer_lane() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return Lane{__shfl_sync(0xffffffffu, warp / 4, 0), warp % 4, lane / 4, lane % 4};
+}
+
+// The 8 TMA boxes that load rows [n0, n0 + 64) of head bh, viewed as (c0..., row % 4, row / 4, head), in
+// perm_base's order: row 8r + 2t + e of dst holds row n0 + perm_base(r) + 4t + e (row_bytes apart in dst)
+__device__ __forceinline__ void tma_perm_rows(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int c0, int n0,
+                                              int bh, int row_bytes) {
+#pragma unroll
+  for (int r = 0; r < 8; ++r)
+    tma_load_4d(dst + r * 8 * row_bytes, map, bar, c0, perm_base(r) & 3, (n0 + (perm_base(r) & ~3)) / 4, bh);
+}
+
+// S (64 x 64, s32) = A (64 x D s8) · B (64 x D s8)^T, both K-major in shared memory at descriptors da, db
+template <int D>
+__device__ __forceinline__ void issue_s(uint32_t (&sacc)[32], uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da + 2 * kk, db + 2 * kk, kk);
+}
+
+// dP (64 x 64, f32) = A (64 x D, 16-bit) · B (64 x D, 16-bit)^T, each in D / 64 chunks of 64 channels (128-byte
+// rows, 128B swizzle), a_chunk / b_chunk bytes apart
+template <int D, typename T>
+__device__ __forceinline__ void issue_dp(float (&dp)[32], const uint8_t* a, int a_chunk, const uint8_t* b,
+                                         int b_chunk) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk / 4, j = kk % 4;  // 64-channel chunk, 16-channel step in it (32 bytes)
+    wgmma_16_ss_n64<T>(dp, smem_desc<128>(a + c * a_chunk) + 2 * j, smem_desc<128>(b + c * b_chunk) + 2 * j, kk);
+  }
+}
+
+// The (128 rows x D) tile of a CTA on rows (queries) of one head: the dQ kernel and the forward
+struct QueryBlock {
+  int m0, bh, b, h, bhk, n_tiles;  // first row, (batch, head), its kv head, the 64-key steps it sees
+};
+template <bool CAUSAL, typename P>
+__device__ __forceinline__ QueryBlock query_block(const P& p) {
+  QueryBlock q;
+  q.m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
+  q.bh = blockIdx.y;
+  q.b = q.bh / p.hq;
+  q.h = q.bh % p.hq;
+  q.bhk = q.b * (p.hq / p.group) + q.h / p.group;
+  const int hi = CAUSAL ? min(p.lk, q.m0 + 2 * kBM + p.coff) : p.lk;  // keys the CTA's last row sees
+  q.n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
+  return q;
+}
+
+// The logits of a (64 rows x 64 keys) step in the rows' layout (element 4i + 2rh + e: row row0 + 8rh, key n0 +
+// perm_base(i) + 4t + e): S * a + off[row half], -inf where masked (only under `edge`: keys past Lk or, causal,
+// past the row's reach row + coff)
+template <bool CAUSAL>
+__device__ __forceinline__ void row_logits(float (&z)[32], const uint32_t (&sacc)[32], float a, const float (&off)[2],
+                                           bool edge, int n0, int t, int row0, int lk, int coff) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, off[rh]);
+        if (edge) {
+          const int key = n0 + perm_base(i) + 4 * t + e;
+          if (key >= lk || (CAUSAL && key > row0 + 8 * rh + coff)) v = -INFINITY;
+        }
+        z[4 * i + 2 * rh + e] = v;
+      }
+}
+
+// Rows row0 and row0 + 8 (below `limit`) of a thread's accumulator (64 rows x D, fp32) times scale[row half], as
+// 16-bit pairs at out + row * son + column
+template <int D, typename T>
+__device__ __forceinline__ void store_rows(T* out, long long son, int row0, int limit, const float (&acc)[D / 2],
+                                           const float (&scale)[2], int t) {
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int row = row0 + 8 * rh;
+    if (row >= limit) continue;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store2<T>(out + row * son + 8 * i + 2 * t, acc[4 * i + 2 * rh] * scale[rh], acc[4 * i + 2 * rh + 1] * scale[rh]);
+  }
+}
+
 template <int D, int STAGES, bool CAUSAL, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -252,35 +396,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const Params p) {
 #if SAGE_SM90A
   using L = Layout<D, STAGES>;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_base();
   uint8_t* sk = smem + L::kK;
   uint8_t* sv = smem + L::kV;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* kv_full = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = bars + 1 + STAGES;
+  const Ring<STAGES> ring(smem + L::kBar);
 
   const int n0 = blockIdx.x * kBN;
   const int bhk = blockIdx.y;
   const int hkv = p.hq / p.group, b = bhk / hkv, hk = bhk % hkv;
   // the first query step that sees a key of the block (causal: key n visible from query m iff n <= m + coff)
   const int lo = CAUSAL ? max(0, n0 - p.coff) / kBM * kBM : 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  ring.init();
 
-  if (threadIdx.x == 0) {
-    mbar_init(kv_full, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (warp >= kCW) {  // producer warpgroup: gives its registers to the consumers
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (warp == kCW && lane == 0) {
+  if (threadIdx.x >= kCW * 32) {  // producer warpgroup
+    if (producer_lane()) {
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
       tma_prefetch(&tm_q);
@@ -289,31 +418,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch(&tm_qt);
       tma_prefetch(&tm_lse);
       tma_prefetch(&tm_dl);
-      mbar_expect_tx(kv_full, L::kKBytes + L::kVBytes);
-      tma_load_3d(sk, &tm_k, kv_full, 0, n0, bhk);
+      mbar_expect_tx(ring.first, L::kKBytes + L::kVBytes);
+      tma_load_3d(sk, &tm_k, ring.first, 0, n0, bhk);
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) tma_load_3d(sv + c * kBN * 128, &tm_v, kv_full, 64 * c, n0, bhk);
+      for (int c = 0; c < D / 64; ++c) tma_load_3d(sv + c * kBN * 128, &tm_v, ring.first, 64 * c, n0, bhk);
       int it = 0;
       for (int g = 0; g < p.group; ++g) {
         const int bh = b * p.hq + hk * p.group + g;
         for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
-          const int s = it % STAGES;
-          if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-          uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-          float* sl = reinterpret_cast<float*>(smem + L::kL) + s * 2 * kBM;
-          mbar_expect_tx(&full[s], L::kStageBytes + 2 * kBM * 4);
+          uint64_t* bar = ring.acquire(it);
+          uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
+          float* sl = reinterpret_cast<float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
+          mbar_expect_tx(bar, L::kStageBytes + 2 * kBM * 4);
+          tma_perm_rows(st + L::kQ, &tm_q, bar, 0, m0, bh, D);  // queries in perm_base's order
 #pragma unroll
-          for (int r = 0; r < 8; ++r) {  // 8 rows each: queries perm_base(r) + 4t + e at row 8r + 2t + e
-            const int c1 = perm_base(r) & 3, c2 = (m0 + (perm_base(r) & ~3)) / 4;
-            tma_load_4d(st + L::kQ + r * 8 * D, &tm_q, &full[s], 0, c1, c2, bh);
-#pragma unroll
-            for (int c = 0; c < D / 64; ++c)
-              tma_load_4d(st + L::kDO + c * kBM * 128 + r * 8 * 128, &tm_do, &full[s], 64 * c, c1, c2, bh);
-          }
-          tma_load_3d(st + L::kDOT, &tm_dot, &full[s], m0, 0, bh);
-          tma_load_3d(st + L::kQT, &tm_qt, &full[s], m0, 0, bh);
-          tma_load_3d(sl, &tm_lse, &full[s], m0, bh, 0);
-          tma_load_3d(sl + kBM, &tm_dl, &full[s], m0, bh, 0);
+          for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kDO + c * kBM * 128, &tm_do, bar, 64 * c, m0, bh, 128);
+          tma_load_3d(st + L::kDOT, &tm_dot, bar, m0, 0, bh);
+          tma_load_3d(st + L::kQT, &tm_qt, bar, m0, 0, bh);
+          tma_load_3d(sl, &tm_lse, bar, m0, bh, 0);
+          tma_load_3d(sl + kBM, &tm_dl, bar, m0, bh, 0);
         }
       }
     }
@@ -321,44 +444,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);  // warp-uniform (uniform registers for what derives from it)
-  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
-  const int key0 = n0 + wg * 64 + w * 16 + g8;  // this thread's keys: key0, key0 + 8
-  const int kblk = (n0 + wg * 64) / 64;
+  const Lane ln = consumer_lane();
+  const int t = ln.t;
+  const int key0 = n0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's keys: key0, key0 + 8
+  const int kblk = (n0 + ln.wg * 64) / 64;
   const float kc = (kblk < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + kblk) : 0.f) * p.c;
-  const uint64_t da_k = smem_desc<D>(sk + wg * 64 * D);
+  const uint64_t da_k = smem_desc<D>(sk + ln.wg * 64 * D);
 
   float dv[D / 2], dk[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dv[i] = 0.f, dk[i] = 0.f;
 
-  mbar_wait(kv_full, 0);
+  mbar_wait(ring.first, 0);
   int it = 0;
   for (int g = 0; g < p.group; ++g) {
     const int bh = b * p.hq + hk * p.group + g;
     for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
-      const int s = it % STAGES;
-      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-      const float* sl = reinterpret_cast<const float*>(smem + L::kL) + s * 2 * kBM;
+      const uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
+      const float* sl = reinterpret_cast<const float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
       const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
-      const bool edge = (CAUSAL && n0 + wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq;
-      mbar_wait(&full[s], (it / STAGES) & 1);
+      const bool edge = (CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq;
+      ring.wait_full(it);
 
       uint32_t sacc[32];
       float dp[32];
       wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da_k + 2 * kk, smem_desc<D>(st + L::kQ) + 2 * kk, kk);
+      issue_s<D>(sacc, da_k, smem_desc<D>(st + L::kQ));
       wg_commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int c = kk / 4, j = kk % 4;  // 64-channel chunk, 16-channel step in it (32 bytes)
-        wgmma_16_ss_n64<T>(dp, smem_desc<128>(sv + c * kBN * 128 + wg * 64 * 128) + 2 * j,
-                           smem_desc<128>(st + L::kDO + c * kBM * 128) + 2 * j, kk);
-      }
+      issue_dp<D, T>(dp, sv + ln.wg * 64 * 128, kBN * 128, st + L::kDO, kBM * 128);
       wg_commit();
       wg_wait1();  // S^T
       reg_fence(sacc);
@@ -408,24 +523,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
-      mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+      ring.release(it);
     }
   }
 
   // epilogue: dK * softmax scale, dV; rows past Lk are not stored
-  T* odk = static_cast<T*>(p.dk) + b * p.sob + hk * p.soh;
-  T* odv = static_cast<T*>(p.dv) + b * p.sob + hk * p.soh;
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const int key = key0 + 8 * rh;
-    if (key >= p.lk) continue;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const int col = 8 * i + 2 * t;
-      store2<T>(odk + key * p.son + col, dk[4 * i + 2 * rh] * p.sm, dk[4 * i + 2 * rh + 1] * p.sm);
-      store2<T>(odv + key * p.son + col, dv[4 * i + 2 * rh], dv[4 * i + 2 * rh + 1]);
-    }
-  }
+  const long long off = b * p.sob + hk * p.soh;
+  store_rows<D, T>(static_cast<T*>(p.dk) + off, p.son, key0, p.lk, dk, {p.sm, p.sm}, t);
+  store_rows<D, T>(static_cast<T*>(p.dv) + off, p.son, key0, p.lk, dv, {1.f, 1.f}, t);
 #endif
 }
 
@@ -445,16 +550,11 @@ struct DqParams {
 };
 
 template <int D, int STAGES>
-struct DqLayout {
+struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES> {
   static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
   static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
-  static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // offsets in a stage
-  static constexpr int kStageBytes = 4 * kBM * D;  // k̂ + V̂ (16-bit) in perm_base's row order, k̂^T
-  static constexpr int kQ = 0;
-  static constexpr int kDO = kQ + kQBytes;
-  static constexpr int kStage0 = kDO + kDOBytes;
-  static constexpr int kBar = kStage0 + STAGES * kStageBytes;
-  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+  static constexpr int kQ = 0, kDO = kQBytes;
+  static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
 };
 
 // dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
@@ -470,123 +570,78 @@ __global__ void __launch_bounds__(kThreads, 1)
               const __grid_constant__ CUtensorMap tm_kt, const DqParams p) {
 #if SAGE_SM90A
   using L = DqLayout<D, STAGES>;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
   uint8_t* sdo = smem + L::kDO;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = bars + 1 + STAGES;
+  const Ring<STAGES> ring(smem + L::kBar);
+  const QueryBlock qb = query_block<CAUSAL>(p);
+  ring.init();
 
-  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
-  const int bh = blockIdx.y;
-  const int b = bh / p.hq, h = bh % p.hq;
-  const int bhk = b * (p.hq / p.group) + h / p.group;
-  const int hi = CAUSAL ? min(p.lk, m0 + 2 * kBM + p.coff) : p.lk;  // keys the CTA's last query sees
-  const int n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (warp >= kCW) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (warp == kCW && lane == 0) {
+  if (threadIdx.x >= kCW * 32) {  // producer warpgroup
+    if (producer_lane()) {
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_do);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
       tma_prefetch(&tm_kt);
-      mbar_expect_tx(q_full, L::kQBytes + L::kDOBytes);
-      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
+      mbar_expect_tx(ring.first, L::kQBytes + L::kDOBytes);
+      tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, q_full, 64 * c, m0, bh);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES, n0 = j * kBM;
-        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
-        uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-        mbar_expect_tx(&full[s], L::kStageBytes);
+      for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, ring.first, 64 * c, qb.m0, qb.bh);
+      for (int j = 0; j < qb.n_tiles; ++j) {
+        uint64_t* bar = ring.acquire(j);
+        uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+        mbar_expect_tx(bar, L::kStageBytes);
+        tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {  // 8 rows each: keys perm_base(r) + 4t + e at row 8r + 2t + e
-          const int c1 = perm_base(r) & 3, c2 = (n0 + (perm_base(r) & ~3)) / 4;
-          tma_load_4d(st + L::kK + r * 8 * D, &tm_k, &full[s], 0, c1, c2, bhk);
-#pragma unroll
-          for (int c = 0; c < D / 64; ++c)
-            tma_load_4d(st + L::kV + c * kBM * 128 + r * 8 * 128, &tm_v, &full[s], 64 * c, c1, c2, bhk);
-        }
-        tma_load_3d(st + L::kKT, &tm_kt, &full[s], n0, 0, bhk);
+        for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, j * kBM, qb.bhk, 128);
+        tma_load_3d(st + L::kKT, &tm_kt, bar, j * kBM, 0, qb.bhk);
       }
     }
     return;
   }
 
   // consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
-  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
-  const int row0 = m0 + wg * 64 + w * 16 + g8;  // this thread's queries: row0, row0 + 8
-  const float qsc = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128) * p.c;
+  const Lane ln = consumer_lane();
+  const int t = ln.t;
+  const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
+  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qb.m0 / 128) * p.c;
   float l2[2], dl[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     const int row = row0 + 8 * rh;
-    l2[rh] = row < p.lq ? __ldg(p.lse2 + static_cast<size_t>(bh) * p.lq + row) : INFINITY;  // P = 0 past Lq
-    dl[rh] = row < p.lq ? __ldg(p.delta + static_cast<size_t>(bh) * p.lq + row) : 0.f;
+    l2[rh] = row < p.lq ? __ldg(p.lse2 + static_cast<size_t>(qb.bh) * p.lq + row) : INFINITY;  // P = 0 past Lq
+    dl[rh] = row < p.lq ? __ldg(p.delta + static_cast<size_t>(qb.bh) * p.lq + row) : 0.f;
   }
-  const uint64_t da_q = smem_desc<D>(sq + wg * 64 * D);
+  const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
 
   float dq[D / 2], rs[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
-  mbar_wait(q_full, 0);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int s = j % STAGES, n0 = j * kBM;
-    const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-    const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j) : 0.f;
+  mbar_wait(ring.first, 0);
+  for (int j = 0; j < qb.n_tiles; ++j) {
+    const int n0 = j * kBM;
+    const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+    const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
     // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
-    const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > m0 + wg * 64 + p.coff);
-    mbar_wait(&full[s], (j / STAGES) & 1);
+    const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff);
+    ring.wait_full(j);
 
     uint32_t sacc[32];
     float dp[32];
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(st + L::kK) + 2 * kk, kk);
+    issue_s<D>(sacc, da_q, smem_desc<D>(st + L::kK));
     wg_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = kk / 4, jj = kk % 4;
-      wgmma_16_ss_n64<T>(dp, smem_desc<128>(sdo + c * 2 * kBM * 128 + wg * 64 * 128) + 2 * jj,
-                         smem_desc<128>(st + L::kV + c * kBM * 128) + 2 * jj, kk);
-    }
+    issue_dp<D, T>(dp, sdo + ln.wg * 64 * 128, 2 * kBM * 128, st + L::kV, kBM * 128);
     wg_commit();
     wg_wait1();  // S
     reg_fence(sacc);
 
-    const float a = qsc * ksc;
     float pt[32];
+    row_logits<CAUSAL>(pt, sacc, qsc * ksc, {-l2[0], -l2[1]}, edge, n0, t, row0, p.lk, p.coff);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float z = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, -l2[rh]);
-          if (edge) {
-            const int key = n0 + perm_base(i) + 4 * t + e;
-            if (key >= p.lk || (CAUSAL && key > row0 + 8 * rh + p.coff)) z = -INFINITY;
-          }
-          pt[4 * i + 2 * rh + e] = ex2(z);
-        }
+    for (int x = 0; x < 32; ++x) pt[x] = ex2(pt[x]);  // P = exp2(S * qsc * ksc - LSE2)
 
     wg_wait0();  // dP
     reg_fence(dp);
@@ -602,7 +657,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < 2; ++kk) reg_fence(da[kk]);  // the fragments complete before the fence
     const float f[2] = {sds[0] * ksc, sds[1] * ksc};
     int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
-    mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+    ring.release(j);
   }
 
   // epilogue: (dQ + rowsum(ψ(dS))·μ_K) * softmax scale; rows past Lq are not stored
@@ -611,20 +666,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     rs[rh] += __shfl_xor_sync(0xffffffffu, rs[rh], 1);
     rs[rh] += __shfl_xor_sync(0xffffffffu, rs[rh], 2);
   }
-  const float* mu = p.kmean + static_cast<size_t>(bhk) * D;
-  T* out = static_cast<T*>(p.dq) + b * p.sob + h * p.soh;
+  const float* mu = p.kmean + static_cast<size_t>(qb.bhk) * D;
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) {
-    const int col = 8 * i + 2 * t;
-    const float mu0 = __ldg(mu + col), mu1 = __ldg(mu + col + 1);
+    const float mu0 = __ldg(mu + 8 * i + 2 * t), mu1 = __ldg(mu + 8 * i + 2 * t + 1);
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      const int row = row0 + 8 * rh;
-      if (row < p.lq)
-        store2<T>(out + row * p.son + col, fmaf(rs[rh], mu0, dq[4 * i + 2 * rh]) * p.sm,
-                  fmaf(rs[rh], mu1, dq[4 * i + 2 * rh + 1]) * p.sm);
+      dq[4 * i + 2 * rh] = fmaf(rs[rh], mu0, dq[4 * i + 2 * rh]);
+      dq[4 * i + 2 * rh + 1] = fmaf(rs[rh], mu1, dq[4 * i + 2 * rh + 1]);
     }
   }
+  store_rows<D, T>(static_cast<T*>(p.dq) + qb.b * p.sob + qb.h * p.soh, p.son, row0, p.lq, dq, {p.sm, p.sm}, t);
 #endif
 }
 
@@ -642,14 +694,10 @@ struct FwdParams {
 };
 
 template <int D, int STAGES>
-struct FwdLayout {
+struct FwdLayout : Frame<2 * kBM * D, 2 * kBM * D, STAGES> {
   static constexpr int kQBytes = 2 * kBM * D;  // q̂ of the CTA's 128 queries, one box
-  static constexpr int kK = 0, kVT = kBM * D;   // offsets in a stage
-  static constexpr int kStageBytes = 2 * kBM * D;  // k̂ (perm_base's row order) + V̂^T (channels x 64 keys)
   static constexpr int kQ = 0;
-  static constexpr int kStage0 = kQ + kQBytes;
-  static constexpr int kBar = kStage0 + STAGES * kStageBytes;
-  static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;  // + alignment slack
+  static constexpr int kK = 0, kVT = kBM * D;  // a stage: k̂ (perm_base's row order) + V̂^T (channels x 64 keys)
 };
 
 // Forward of 128 queries (two consumer warpgroups of 64) of one (batch, query head), SageBwd's numerics as the
@@ -665,100 +713,59 @@ __global__ void __launch_bounds__(kThreads, 1)
                const __grid_constant__ CUtensorMap tm_vt, const FwdParams p) {
 #if SAGE_SM90A
   using L = FwdLayout<D, STAGES>;
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBar);
-  uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;
-  uint64_t* empty = bars + 1 + STAGES;
+  const Ring<STAGES> ring(smem + L::kBar);
+  const QueryBlock qb = query_block<CAUSAL>(p);
+  ring.init();
 
-  const int m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
-  const int bh = blockIdx.y;
-  const int b = bh / p.hq, h = bh % p.hq;
-  const int bhk = b * (p.hq / p.group) + h / p.group;
-  const int hi = CAUSAL ? min(p.lk, m0 + 2 * kBM + p.coff) : p.lk;
-  const int n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kCW);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-
-  if (warp >= kCW) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (warp == kCW && lane == 0) {
+  if (threadIdx.x >= kCW * 32) {  // producer warpgroup
+    if (producer_lane()) {
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_vt);
-      mbar_expect_tx(q_full, L::kQBytes);
-      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % STAGES, n0 = j * kBM;
-        if (j >= STAGES) mbar_wait(&empty[s], ((j / STAGES) - 1) & 1);
-        uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-        mbar_expect_tx(&full[s], L::kStageBytes);
-#pragma unroll
-        for (int r = 0; r < 8; ++r)  // 8 rows each: keys perm_base(r) + 4t + e at row 8r + 2t + e
-          tma_load_4d(st + L::kK + r * 8 * D, &tm_k, &full[s], 0, perm_base(r) & 3, (n0 + (perm_base(r) & ~3)) / 4,
-                      bhk);
-        tma_load_3d(st + L::kVT, &tm_vt, &full[s], n0, 0, bhk);
+      mbar_expect_tx(ring.first, L::kQBytes);
+      tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
+      for (int j = 0; j < qb.n_tiles; ++j) {
+        uint64_t* bar = ring.acquire(j);
+        uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+        mbar_expect_tx(bar, L::kStageBytes);
+        tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
+        tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
       }
     }
     return;
   }
 
   // consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0);
-  const int w = warp % 4, g8 = lane / 4, t = lane % 4;
-  const int row0 = m0 + wg * 64 + w * 16 + g8;  // this thread's queries: row0, row0 + 8
-  const float qsc = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128) * p.c;
-  const uint64_t da_q = smem_desc<D>(sq + wg * 64 * D);
+  const Lane ln = consumer_lane();
+  const int t = ln.t;
+  const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
+  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qb.m0 / 128) * p.c;
+  const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
 
   float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
 
-  mbar_wait(q_full, 0);
-  if (n_tiles > 0) {
+  mbar_wait(ring.first, 0);
+  if (qb.n_tiles > 0) {
     uint32_t sacc[32];
-    mbar_wait(&full[0], 0);
+    ring.wait_full(0);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk)
-      wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(smem + L::kStage0 + L::kK) + 2 * kk, kk);
+    issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + L::kK));
     wg_commit();
     wg_wait0();
     reg_fence(sacc);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % STAGES, n0 = j * kBM;
-      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-      const float ksc = __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j);
-      const float vsc = __ldg(p.vs + static_cast<size_t>(bhk) * p.nkb + j);
-      const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > m0 + wg * 64 + p.coff);
-      const float a = qsc * ksc;
-      // z = S * a (-inf where masked); the row max; P~ = exp2(z - m_new)
+    for (int j = 0; j < qb.n_tiles; ++j) {
+      const int n0 = j * kBM;
+      const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+      const float ksc = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
+      const float vsc = __ldg(p.vs + static_cast<size_t>(qb.bhk) * p.nkb + j);
+      const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff);
+      // z = S * qsc * ksc (-inf where masked); the row max; P~ = exp2(z - m_new)
       float z[32];
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float v = __int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])) * a;
-            if (edge) {
-              const int key = n0 + perm_base(i) + 4 * t + e;
-              if (key >= p.lk || (CAUSAL && key > row0 + 8 * rh + p.coff)) v = -INFINITY;
-            }
-            z[4 * i + 2 * rh + e] = v;
-          }
+      row_logits<CAUSAL>(z, sacc, qsc * ksc, {0.f, 0.f}, edge, n0, t, row0, p.lk, p.coff);  // (fma with +0: the product)
       float alpha[2], msafe[2];
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
@@ -786,21 +793,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
       // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
-      const bool more = j + 1 < n_tiles;
-      const int s1 = more ? (j + 1) % STAGES : s;
-      if (more) mbar_wait(&full[s1], ((j + 1) / STAGES) & 1);
+      const bool more = j + 1 < qb.n_tiles;
+      const int j1 = more ? j + 1 : j;
+      if (more) ring.wait_full(j1);
       uint32_t pv[D / 2];
       wg_fence();
       wgmma_s8_rs<D>(pv, pa[0], smem_desc<64>(st + L::kVT), 0);
       wgmma_s8_rs<D>(pv, pa[1], smem_desc<64>(st + L::kVT) + 2, 1);
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_ss_n64(sacc, da_q + 2 * kk, smem_desc<D>(smem + L::kStage0 + s1 * L::kStageBytes + L::kK) + 2 * kk, kk);
+      issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
       wg_wait0();
       reg_fence(pv);
       reg_fence(sacc);
-      mbar_arrive_one(&empty[s]);  // this warp is done with the stage
+      ring.release(j);
       const float f[2] = {sp[0] * vsc, sp[1] * vsc};
 #pragma unroll
       for (int i = 0; i < D / 8; ++i)
@@ -815,23 +820,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
-  T* out = static_cast<T*>(p.out) + b * p.sob + h * p.soh;
+  float inv[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
     float l = l_i[rh];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[rh] = l == 0.f ? 0.f : __fdividef(1.f, l);  // l in [1, Lk] (the row max's own exp is 1)
     const int row = row0 + 8 * rh;
-    const float inv = l == 0.f ? 0.f : __fdividef(1.f, l);  // l in [1, Lk] (the row max's own exp is 1)
-    if (row < p.lq) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i)
-        store2<T>(out + row * p.son + 8 * i + 2 * t, o[4 * i + 2 * rh] * inv, o[4 * i + 2 * rh + 1] * inv);
-      if (t == 0)
-        p.lse[static_cast<size_t>(bh) * p.lq + row] =
-            l == 0.f ? -INFINITY : (m_i[rh] + __log2f(l)) * 0.6931471805599453f;
-    }
+    if (row < p.lq && t == 0)
+      p.lse[static_cast<size_t>(qb.bh) * p.lq + row] = l == 0.f ? -INFINITY : (m_i[rh] + __log2f(l)) * 0.6931471805599453f;
   }
+  store_rows<D, T>(static_cast<T*>(p.out) + qb.b * p.sob + qb.h * p.soh, p.son, row0, p.lq, o, inv, t);
 #endif
 }
 

@@ -32,6 +32,15 @@ void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* n
   TORCH_CHECK(t.is_contiguous(), "sage_compile sm90 int8_train: ", name, " must be contiguous");
 }
 
+// v16 and do16: the 16-bit operands, bf16 or fp16 alike; returns their type (the outputs' type)
+at::ScalarType check16(const at::Tensor& v16, const at::Tensor& do16) {
+  const auto t16 = v16.scalar_type();
+  TORCH_CHECK(t16 == at::kBFloat16 || t16 == at::kHalf, "sage_compile sm90 int8_train: v16 must be bf16/fp16");
+  check(v16, t16, 4, "v16");
+  check(do16, t16, 4, "do16");
+  return t16;
+}
+
 // q8 (B, Hq, Lq, D) int8 and q8t (B, Hq, D, Lq); qs (B, Hq, ceil(Lq/128)); k8 (B, Hkv, Lk, D) int8; ks (B, Hkv,
 // ceil(Lk/64)); v16 (B, Hkv, Lk, D) bf16/fp16; lse2, delta (B, Hq, Lq) fp32; do16 (B, Hq, Lq, D) as v16; do8t
 // (B, Hq, D, Lq) int8; sdo as qs; dk, dv (B, Hkv, Lk, D) values at strides (sob, soh, son, 1) in v16's dtype.
@@ -50,10 +59,7 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
   check(sdo, at::kFloat, 3, "sdo");
   check(lse2, at::kFloat, 3, "lse2");
   check(delta, at::kFloat, 3, "delta");
-  const auto t16 = v16.scalar_type();
-  TORCH_CHECK(t16 == at::kBFloat16 || t16 == at::kHalf, "sage_compile sm90 int8_train: v16 must be bf16/fp16");
-  check(v16, t16, 4, "v16");
-  check(do16, t16, 4, "do16");
+  const auto t16 = check16(v16, do16);
   for (const at::Tensor* o : {&dk, &dv}) {
     TORCH_CHECK(o->is_cuda() && o->scalar_type() == t16, "sage_compile sm90 int8_train: dk/dv must be CUDA ", t16);
     TORCH_CHECK(o->stride(-1) == 1, "sage_compile sm90 int8_train: dk/dv's channel stride must be 1");
@@ -91,10 +97,7 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
   check(kmean, at::kFloat, 3, "kmean");
   check(lse2, at::kFloat, 3, "lse2");
   check(delta, at::kFloat, 3, "delta");
-  const auto t16 = v16.scalar_type();
-  TORCH_CHECK(t16 == at::kBFloat16 || t16 == at::kHalf, "sage_compile sm90 int8_train: v16 must be bf16/fp16");
-  check(v16, t16, 4, "v16");
-  check(do16, t16, 4, "do16");
+  const auto t16 = check16(v16, do16);
   TORCH_CHECK(dq.is_cuda() && dq.scalar_type() == t16 && dq.stride(-1) == 1,
               "sage_compile sm90 int8_train: dq must be CUDA ", t16, " with channel stride 1");
   const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);

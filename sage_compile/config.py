@@ -129,10 +129,15 @@ def int8_fp8_core(environ=None) -> str:
     """``SAGE_COMPILE_INT8_FP8_CORE``: ``auto`` (default: the CUDA sm90 core where it supports the call
     and is measured faster on the shape, else Triton), ``triton``, or ``cuda`` (wherever it supports the
     call). See :mod:`sage_compile.kernels.int8_fp8.cuda`."""
+    return _env_choice(environ, "SAGE_COMPILE_INT8_FP8_CORE", INT8_FP8_CORES)
+
+
+def _env_choice(environ, name: str, choices: tuple) -> str:
+    """The environment's ``name`` (case and spaces ignored; unset or empty: ``choices[0]``), one of ``choices``."""
     env = os.environ if environ is None else environ
-    v = env.get("SAGE_COMPILE_INT8_FP8_CORE", "auto").strip().lower() or "auto"
-    if v not in INT8_FP8_CORES:
-        raise ValueError(f"sage_compile: SAGE_COMPILE_INT8_FP8_CORE must be one of {INT8_FP8_CORES}, got {v!r}")
+    v = env.get(name, choices[0]).strip().lower() or choices[0]
+    if v not in choices:
+        raise ValueError(f"sage_compile: {name} must be one of {choices}, got {v!r}")
     return v
 
 
@@ -140,14 +145,10 @@ INT8_TRAIN_CORES = ("triton", "cuda")
 
 
 def int8_train_core(environ=None) -> str:
-    """``SAGE_COMPILE_INT8_TRAIN_CORE``: ``triton`` (default) or ``cuda``: the CUDA sm90 dK/dV kernel of the
-    ``psi="split"`` backward wherever it supports the call (not yet run on a GPU, so never chosen by
+    """``SAGE_COMPILE_INT8_TRAIN_CORE``: ``triton`` (default) or ``cuda``: the CUDA sm90 kernels of the forward
+    and the ``psi="split"`` backward wherever they support the call (not yet run on a GPU, so never chosen by
     default). See :mod:`sage_compile.kernels.int8_train.cuda`."""
-    env = os.environ if environ is None else environ
-    v = env.get("SAGE_COMPILE_INT8_TRAIN_CORE", "triton").strip().lower() or "triton"
-    if v not in INT8_TRAIN_CORES:
-        raise ValueError(f"sage_compile: SAGE_COMPILE_INT8_TRAIN_CORE must be one of {INT8_TRAIN_CORES}, got {v!r}")
-    return v
+    return _env_choice(environ, "SAGE_COMPILE_INT8_TRAIN_CORE", INT8_TRAIN_CORES)
 
 
 def from_env(environ=None) -> dict:

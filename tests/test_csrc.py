@@ -104,13 +104,19 @@ def test_kernel_compiles_for_sm90a_without_spills(compiled):
     assert "C7520" not in r.stderr  # ptxas serialized the wgmmas (an operand register defined in a divergent path)
 
 
-def test_sass_has_int8_and_fp8_wgmma(compiled):
-    r, obj, knobs = compiled
+def sass_functions(r, obj) -> list:
+    """The SASS of each function of the object ``obj`` that the nvcc run ``r`` wrote (name on the first line);
+    skips the test where there is no object or no cuobjdump."""
     tool = _cuobjdump()
     if r.returncode != 0 or tool is None:
         pytest.skip("no object or no cuobjdump")
     sass = subprocess.run([tool, "--dump-sass", obj], capture_output=True, text=True).stdout
-    funcs = re.split(r"\n\s*Function : ", sass)[1:]
+    return re.split(r"\n\s*Function : ", sass)[1:]
+
+
+def test_sass_has_int8_and_fp8_wgmma(compiled):
+    r, obj, knobs = compiled
+    funcs = sass_functions(r, obj)
     assert len(funcs) == 16
     for f in funcs:
         name = f.split("\n", 1)[0]

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from test_csrc import NVCC, _cuobjdump
+from test_csrc import NVCC, sass_functions
 
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
@@ -46,11 +46,7 @@ def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
 
 def test_sass_has_the_steps_wgmmas(compiled):
     r, obj, knobs = compiled
-    tool = _cuobjdump()
-    if r.returncode != 0 or tool is None:
-        pytest.skip("no object or no cuobjdump")
-    sass = subprocess.run([tool, "--dump-sass", obj], capture_output=True, text=True).stdout
-    funcs = re.split(r"\n\s*Function : ", sass)[1:]
+    funcs = sass_functions(r, obj)
     assert len(funcs) == 24
     for f in funcs:
         name = f.split("\n", 1)[0]

@@ -131,21 +131,28 @@ def load():
 
 
 def _load():
-    with _lock:
-        if _state["tried"]:
-            return _state["module"]
-        _state["tried"] = True
+    return load_once(_state, _lock, build, "CUDA int8_fp8 core unavailable, using the Triton core")
+
+
+def load_once(state: dict, lock, build_fn, what: str):
+    """``build_fn()`` once per ``state`` (its ``tried``, ``module``, ``error``) under ``lock``: on a device
+    of compute capability 9.0 only; any failure is logged once as ``what`` with the reason (kept in
+    ``state["error"]``) and gives None, so that the Triton kernels serve."""
+    with lock:
+        if state["tried"]:
+            return state["module"]
+        state["tried"] = True
         try:
             if not torch.cuda.is_available():
                 raise RuntimeError("no CUDA device")
             cap = torch.cuda.get_device_capability()
             if cap != (9, 0):
                 raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
-            _state["module"] = build()
-        except Exception as e:  # noqa: BLE001 - any failure means: the Triton core serves
-            _state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            log.warning("sage_compile: CUDA int8_fp8 core unavailable, using the Triton core (%s)", _state["error"])
-        return _state["module"]
+            state["module"] = build_fn()
+        except Exception as e:  # noqa: BLE001 - any failure means: the Triton kernels serve
+            state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            log.warning("sage_compile: %s (%s)", what, state["error"])
+        return state["module"]
 
 
 def status() -> dict:

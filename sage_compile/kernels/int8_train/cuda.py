@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ..int8_fp8.cuda import LOG2E, build_extension
+from ..int8_fp8.cuda import LOG2E, build_extension, load_once
 
 log = logging.getLogger("sage_compile")
 
@@ -41,22 +41,7 @@ def build(extra: tuple = ()):
 
 def load():
     """The built extension module, or None (the reason in :func:`status`). Builds once per process."""
-    with _lock:
-        if _state["tried"]:
-            return _state["module"]
-        _state["tried"] = True
-        try:
-            if not torch.cuda.is_available():
-                raise RuntimeError("no CUDA device")
-            cap = torch.cuda.get_device_capability()
-            if cap != (9, 0):
-                raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
-            _state["module"] = build()
-        except Exception as e:  # noqa: BLE001 - any failure means: the Triton kernels serve
-            msg = str(e).strip()
-            _state["error"] = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"
-            log.warning("sage_compile: CUDA int8_train backward kernels unavailable, using Triton (%s)", _state["error"])
-        return _state["module"]
+    return load_once(_state, _lock, build, "CUDA int8_train kernels unavailable, using Triton")
 
 
 def status() -> dict:
