@@ -835,47 +835,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int D, bool CAUSAL, typename T>
-int launch(const CUtensorMap* maps, const Params& p, int grid_x, int grid_y, cudaStream_t stream) {
-  using L = Layout<D, SAGE_TRAIN_STAGES>;
-  auto kernel = dkdv_kernel<D, SAGE_TRAIN_STAGES, CAUSAL, T>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
-  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], maps[5],
-                                                                 maps[6], maps[7], p);
+// Launch `kernel` on a (gx, gy) grid of kThreads-thread CTAs with `bytes` of dynamic shared memory
+template <typename K, typename... A>
+int launch_kernel(K kernel, int bytes, int gx, int gy, cudaStream_t stream, const A&... args) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return 12;
+  kernel<<<dim3(gx, gy), kThreads, bytes, stream>>>(args...);
   return cudaGetLastError() == cudaSuccess ? 0 : 13;
 }
 
-template <int D, typename T>
-int dispatch(const CUtensorMap* maps, const Params& p, bool causal, int gx, int gy, cudaStream_t stream) {
-  return causal ? launch<D, true, T>(maps, p, gx, gy, stream) : launch<D, false, T>(maps, p, gx, gy, stream);
-}
-
-template <int D, bool CAUSAL, typename T>
-int launch_dq(const CUtensorMap* maps, const DqParams& p, int grid_x, int grid_y, cudaStream_t stream) {
-  using L = DqLayout<D, SAGE_TRAIN_DQ_STAGES>;
-  auto kernel = dq_kernel<D, SAGE_TRAIN_DQ_STAGES, CAUSAL, T>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
-  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], maps[3], maps[4], p);
-  return cudaGetLastError() == cudaSuccess ? 0 : 13;
-}
-
-template <int D, typename T>
-int dispatch_dq(const CUtensorMap* maps, const DqParams& p, bool causal, int gx, int gy, cudaStream_t stream) {
-  return causal ? launch_dq<D, true, T>(maps, p, gx, gy, stream) : launch_dq<D, false, T>(maps, p, gx, gy, stream);
-}
-
-template <int D, bool CAUSAL, typename T>
-int launch_fwd(const CUtensorMap* maps, const FwdParams& p, int grid_x, int grid_y, cudaStream_t stream) {
-  using L = FwdLayout<D, SAGE_TRAIN_FWD_STAGES>;
-  auto kernel = fwd_kernel<D, SAGE_TRAIN_FWD_STAGES, CAUSAL, T>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess) return 12;
-  kernel<<<dim3(grid_x, grid_y), kThreads, L::kBytes, stream>>>(maps[0], maps[1], maps[2], p);
-  return cudaGetLastError() == cudaSuccess ? 0 : 13;
-}
-
-template <int D, typename T>
-int dispatch_fwd(const CUtensorMap* maps, const FwdParams& p, bool causal, int gx, int gy, cudaStream_t stream) {
-  return causal ? launch_fwd<D, true, T>(maps, p, gx, gy, stream) : launch_fwd<D, false, T>(maps, p, gx, gy, stream);
+template <typename T>
+struct Type {
+  using type = T;
+};
+// f(head dim, causal, output type) as compile-time tags for the runtime d (64 or 128), causal and fp16
+template <typename F>
+int dispatch(int d, bool causal, bool fp16, F&& f) {
+  auto by_type = [&](auto dc, auto cc) {
+    return fp16 ? f(dc, cc, Type<__half>{}) : f(dc, cc, Type<__nv_bfloat16>{});
+  };
+  auto by_causal = [&](auto dc) {
+    return causal ? by_type(dc, std::true_type{}) : by_type(dc, std::false_type{});
+  };
+  return d == 128 ? by_causal(std::integral_constant<int, 128>{}) : by_causal(std::integral_constant<int, 64>{});
 }
 
 }  // namespace train
@@ -928,10 +909,13 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
   Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
   const int gx = (lk + kBN - 1) / kBN, gy = b * hkv;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (d == 128)
-    return fp16 ? dispatch<128, __half>(maps, p, causal, gx, gy, st) : dispatch<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
-  return fp16 ? dispatch<64, __half>(maps, p, causal, gx, gy, st) : dispatch<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
+    constexpr int kD = decltype(dc)::value;
+    using L = Layout<kD, SAGE_TRAIN_STAGES>;
+    return launch_kernel(dkdv_kernel<kD, SAGE_TRAIN_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
+                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], maps[3],
+                         maps[4], maps[5], maps[6], maps[7], p);
+  });
 }
 
 // dQ (B, Hq, Lq, D) at strides (sob, soh, son) (channel stride 1) in the 16-bit type of v16 / do16; returns as
@@ -972,10 +956,13 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
   DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (d == 128)
-    return fp16 ? dispatch_dq<128, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
-  return fp16 ? dispatch_dq<64, __half>(maps, p, causal, gx, gy, st) : dispatch_dq<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
+    constexpr int kD = decltype(dc)::value;
+    using L = DqLayout<kD, SAGE_TRAIN_DQ_STAGES>;
+    return launch_kernel(dq_kernel<kD, SAGE_TRAIN_DQ_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
+                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], maps[3],
+                         maps[4], p);
+  });
 }
 
 // Forward: O (B, Hq, Lq, D) at strides (sob, soh, son) (channel stride 1), bf16 (out_fp16 0) or fp16, and the LSE
@@ -1007,8 +994,10 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
   FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  if (d == 128)
-    return out_fp16 ? dispatch_fwd<128, __half>(maps, p, causal, gx, gy, st) : dispatch_fwd<128, __nv_bfloat16>(maps, p, causal, gx, gy, st);
-  return out_fp16 ? dispatch_fwd<64, __half>(maps, p, causal, gx, gy, st) : dispatch_fwd<64, __nv_bfloat16>(maps, p, causal, gx, gy, st);
+  return dispatch(d, causal, out_fp16, [&](auto dc, auto cc, auto tc) {
+    constexpr int kD = decltype(dc)::value;
+    using L = FwdLayout<kD, SAGE_TRAIN_FWD_STAGES>;
+    return launch_kernel(fwd_kernel<kD, SAGE_TRAIN_FWD_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
+                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], p);
+  });
 }
