@@ -1,0 +1,99 @@
+"""Time build variants of the CUDA sm90 SageBwd kernels (csrc/int8_train_sm90.cu: SAGE_TRAIN_STAGES, SAGE_TRAIN_PARTS,
+SAGE_TRAIN_DQ_*, SAGE_TRAIN_FWD_STAGES) against each other and against the Triton kernels, in one process (one GPU
+run). All variants are compiled in parallel first, then timed shape by shape on the same quantized inputs:
+``int8_train.attention.forward`` and ``backward(psi="split")`` (the backward's small preparation kernels are the
+same for all), ``triton.testing.do_bench`` median; each variant's outputs are compared with the first's.
+
+    python benchmarks/train_variants.py --variants "base=;s2=-DSAGE_TRAIN_STAGES=2" --out v.json
+
+TFLOP/s: forward 4·B·H·N²·D / t, backward 2.5 x that (the 5 matmuls of the backward), halved for causal. Records per
+shared/docs/conventions.md (kernel ``sage_int8_train``, ``variant`` = ``cuda:<name>`` or ``triton``).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+
+
+def _build(flags: str) -> str:
+    from sage_compile.kernels.int8_train import cuda
+
+    t0 = time.time()
+    cuda.build(tuple(flags.split()))
+    return f"{flags or '(default)'}: built in {time.time() - t0:.0f} s"
+
+
+def main():
+    import triton
+    from triton.testing import do_bench
+
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import cuda
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--variants", required=True, help='"name=flags;name=flags" (flags may be empty)')
+    p.add_argument("--shapes", default="128:16384:none,128:16384:top_left,128:4096:none,64:16384:none",
+                   help="head_dim:N:causal,...")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
+    t0 = time.time()
+    with cf.ProcessPoolExecutor(max_workers=len(variants), mp_context=mp.get_context("spawn")) as ex:
+        for msg in ex.map(_build, [f for _, f in variants]):
+            print(msg, flush=True)
+    mods = {name: cuda.build(tuple(flags.split())) for name, flags in variants}
+    print(f"[{time.time() - t0:4.0f}s] {len(mods)} variants built", flush=True)
+    base = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),
+                command=" ".join(sys.argv), heads=a.heads, batch=a.batch, kernel="sage_int8_train")
+    recs = []
+    for shape in a.shapes.split(","):
+        d, n, causal = shape.split(":")
+        d, n = int(d), int(n)
+        q, k, v, do = (torch.randn(a.batch, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        qt = KQ.quantize(q, k, v)
+        flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
+        first = None
+        for name, flags in variants + [("triton", None)]:  # (Triton last: its difference from the first variant)
+            if flags is None:
+                os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "triton"
+            else:  # this variant's module serves every call of the CUDA path
+                os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda"
+                cuda._state.update(tried=True, module=mods[name], error=None)
+            fwd = lambda: KA.forward(*qt[:6], causal, None, "HND", torch.bfloat16)  # noqa: E731
+            o, lse = fwd()
+            bwd = lambda: KA.backward(*qt, o, lse, do, causal, None, "HND", torch.bfloat16, psi="split")  # noqa: E731
+            grads = bwd()
+            torch.cuda.synchronize()
+            outs = [o.float(), lse, *(g.float() for g in grads)]
+            if flags is not None and first is None:
+                first = outs
+            diff = 0.0 if first is None else max(float((x - y).abs().max()) for x, y in zip(outs, first))
+            ms_f, ms_b = do_bench(fwd, warmup=10, rep=50), do_bench(bwd, warmup=10, rep=50)
+            row = dict(base, variant=name if flags is None else f"cuda:{name}", flags=flags, head_dim=d, seq_len=n,
+                       causal=causal)
+            recs += [dict(row, metric="fwd_ms", value=ms_f), dict(row, metric="bwd_ms", value=ms_b),
+                     dict(row, metric="fwd_tflops", value=flops / ms_f / 1e9),
+                     dict(row, metric="bwd_tflops", value=2.5 * flops / ms_b / 1e9),
+                     dict(row, metric="max_abs_diff_vs_first_cuda", value=diff)]
+            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms ({flops / ms_f / 1e9:6.1f})  bwd {ms_b:7.3f} ms "
+                  f"({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diff:.3g}", flush=True)
+        os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
+        if a.out:
+            with open(a.out, "w") as fh:
+                json.dump(recs, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
