@@ -44,7 +44,7 @@
 #endif
 // SAGE_TRAIN_PARTS (bits: 1 the dV product, 2 the dK product) at hd128: in two column halves, each waited for and
 // folded before the next (an int32 product of 32 registers instead of 64). Offline: with both whole, ptxas spills
-// 20 bytes in each hd128 kernel; the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
+// 20-52 bytes in each hd128 kernel; the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
 #ifndef SAGE_TRAIN_PARTS
 #define SAGE_TRAIN_PARTS 2
 #endif
@@ -55,6 +55,12 @@
 #endif
 #ifndef SAGE_TRAIN_DQ_PARTS
 #define SAGE_TRAIN_DQ_PARTS 0
+#endif
+// SAGE_TRAIN_EDGELOOP 1: the steps that need no mask (causal diagonal, the ragged ends) run in loops of their own,
+// without the masking code that ptxas otherwise predicates into every step (~40-70 instructions a step offline);
+// 0: one loop with the mask under a runtime test
+#ifndef SAGE_TRAIN_EDGELOOP
+#define SAGE_TRAIN_EDGELOOP 0
 #endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
@@ -334,6 +340,27 @@ __device__ __forceinline__ void issue_dp(float (&dp)[32], const uint8_t* a, int 
   }
 }
 
+// A step's masking: Edge<0> never, Edge<1> always, Edge<2> a runtime test
+template <int E>
+struct Edge {
+  static constexpr int value = E;
+};
+// step(j, Edge<...>) for j in [j0, j1): where SAGE_TRAIN_EDGELOOP, the steps [f0, f1) (clamped) that need no mask in a
+// loop of their own and the others with the mask; else one loop with the runtime test
+template <typename Step>
+__device__ __forceinline__ void run_steps(int j0, int j1, int f0, int f1, Step&& step) {
+#if SAGE_TRAIN_EDGELOOP
+  f0 = min(max(f0, j0), j1);
+  f1 = min(max(f1, f0), j1);
+  int j = j0;
+  for (; j < f0; ++j) step(j, Edge<1>{});
+  for (; j < f1; ++j) step(j, Edge<0>{});
+  for (; j < j1; ++j) step(j, Edge<1>{});
+#else
+  for (int j = j0; j < j1; ++j) step(j, Edge<2>{});
+#endif
+}
+
 // The (128 rows x D) tile of a CTA on rows (queries) of one head: the dQ kernel and the forward
 struct QueryBlock {
   int m0, bh, b, h, bhk, n_tiles;  // first row, (batch, head), its kv head, the 64-key steps it sees
@@ -349,6 +376,13 @@ __device__ __forceinline__ QueryBlock query_block(const P& p) {
   const int hi = CAUSAL ? min(p.lk, q.m0 + 2 * kBM + p.coff) : p.lk;  // keys the CTA's last row sees
   q.n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
   return q;
+}
+// The key steps [0, n) that need no mask for warpgroup wg's rows: whole steps below Lk that every row of the
+// warpgroup sees (causal: its first row's reach)
+template <bool CAUSAL, typename P>
+__device__ __forceinline__ int full_steps(const QueryBlock& q, int wg, const P& p) {
+  const int vis = CAUSAL ? min(p.lk, q.m0 + wg * 64 + p.coff + 1) : p.lk;
+  return vis > 0 ? vis / kBM : 0;
 }
 
 // The logits of a (64 rows x 64 keys) step in the rows' layout (element 4i + 2rh + e: row row0 + 8rh, key n0 +
@@ -457,15 +491,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   mbar_wait(ring.first, 0);
   int it = 0;
+  // the query steps whose queries all see every key of the warpgroup (causal: from its last key's reach on)
+  const int full0 = CAUSAL ? (max(0, n0 + ln.wg * 64 + 63 - p.coff) + kBM - 1) / kBM : 0;
   for (int g = 0; g < p.group; ++g) {
     const int bh = b * p.hq + hk * p.group + g;
-    for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
+    auto step = [&](int jm, auto edge_c) {
+      constexpr int kEdge = decltype(edge_c)::value;
+      const int m0 = jm * kBM;
       const uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
       const float* sl = reinterpret_cast<const float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
       const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
-      const bool edge = (CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq;
+      const bool edge =
+          kEdge == 1 || (kEdge == 2 && ((CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq));
       ring.wait_full(it);
 
       uint32_t sacc[32];
@@ -524,7 +563,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
       ring.release(it);
-    }
+      ++it;
+    };
+    run_steps(lo / kBM, (p.lq + kBM - 1) / kBM, full0, p.lq / kBM, step);
   }
 
   // epilogue: dK * softmax scale, dV; rows past Lk are not stored
@@ -620,12 +661,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
   mbar_wait(ring.first, 0);
-  for (int j = 0; j < qb.n_tiles; ++j) {
+  auto step = [&](int j, auto edge_c) {
+    constexpr int kEdge = decltype(edge_c)::value;
     const int n0 = j * kBM;
     const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
     const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
     // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
-    const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff);
+    const bool edge =
+        kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
     ring.wait_full(j);
 
     uint32_t sacc[32];
@@ -658,7 +701,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float f[2] = {sds[0] * ksc, sds[1] * ksc};
     int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
     ring.release(j);
-  }
+  };
+  run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
 
   // epilogue: (dQ + rowsum(ψ(dS))·μ_K) * softmax scale; rows past Lq are not stored
 #pragma unroll
@@ -757,12 +801,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_commit();
     wg_wait0();
     reg_fence(sacc);
-    for (int j = 0; j < qb.n_tiles; ++j) {
+    auto step = [&](int j, auto edge_c) {
+      constexpr int kEdge = decltype(edge_c)::value;
       const int n0 = j * kBM;
       const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
       const float ksc = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
       const float vsc = __ldg(p.vs + static_cast<size_t>(qb.bhk) * p.nkb + j);
-      const bool edge = n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff);
+      const bool edge =
+          kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
       // z = S * qsc * ksc (-inf where masked); the row max; P~ = exp2(z - m_new)
       float z[32];
       row_logits<CAUSAL>(z, sacc, qsc * ksc, {0.f, 0.f}, edge, n0, t, row0, p.lk, p.coff);  // (fma with +0: the product)
@@ -816,7 +862,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             float& acc = o[4 * i + 2 * rh + e];
             acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc * alpha[rh]);
           }
-    }
+    };
+    run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
   }
 
   // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
