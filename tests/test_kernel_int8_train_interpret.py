@@ -165,3 +165,15 @@ def test_causal_bool_mask_runs_as_the_causal_rule():
     g1 = KA.backward(*qt, o1, l1, do, "top_left", None, "HND", q.dtype)
     g2 = KA.backward(*qt, o1, l1, do, "none", None, "HND", q.dtype, attn_mask=mask)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 130, 64), (1, 2, 77, 80), (1, 1, 256, 128)])
+def test_tokens_last_is_the_transpose(shape):
+    """The tiled (B, H, N, D) -> (B, H, D, N) copy of the INT8 operands: exactly torch's transpose, ragged N,
+    head dims below the tile's."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    y = KQ.tokens_last(x)
+    assert y.shape == (*shape[:2], shape[3], shape[2]) and y.is_contiguous()
+    assert torch.equal(y, x.transpose(2, 3))
+    assert torch.equal(KQ.tokens_last(x[:, :, :5]), x[:, :, :5].transpose(2, 3))  # a non-contiguous input

@@ -32,7 +32,7 @@ from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
 from ...reference.quant import dequant_int8
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
-from .quantize import BLOCK_KV, BLOCK_Q
+from .quantize import BLOCK_KV, BLOCK_Q, tokens_last
 
 LOG2E = 1.4426950408889634
 _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
@@ -471,7 +471,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
-    v8t = v8.transpose(2, 3).contiguous()
+    v8t = tokens_last(v8)
     if lq > 0 and not EMULATE_FP8 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
         from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: the sm90 kernel
 
@@ -531,7 +531,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
-    q8t, k8t = q8.transpose(2, 3).contiguous(), k8.transpose(2, 3).contiguous()
+    q8t, k8t = tokens_last(q8), tokens_last(k8)
     # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
     v16 = dequant_int8(v8, vs, BLOCK_KV).to(do16.dtype)
     dkdv_args = (q8, q8t, qs, k8, ks, v16, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,

@@ -47,6 +47,30 @@ def quant_blocks_int8(x_hnd: torch.Tensor, block: int, mean: torch.Tensor | None
     return y, s
 
 
+@triton.jit
+def _tokens_last(X, Y, N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (BLOCK_N tokens x D) tile of head bh of X (B*H, N, D) stored transposed into Y (B*H, D, N)."""
+    pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)  # (64-bit offsets: B*H*N*D may pass 2^31)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    m = (rn[:, None] < N) & (rd[None, :] < D)
+    x = tl.load(X + (bh * N + rn[:, None]) * D + rd[None, :], mask=m)
+    tl.store(Y + (bh * D + rd[None, :]) * N + rn[:, None], x, mask=m)
+
+
+def tokens_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (B, H, N, D) as a contiguous (B, H, D, N) copy (the K-major B operands of the INT8 dots: V^T for
+    P·V, Q^T for dK, K^T for dQ), by tiles: torch's strided copy of one-byte elements runs at a fraction of the
+    bandwidth (0.4 ms for a 64 MB int8 tensor in the H200 profiles, benchmarks/results/diag_train_run42_*)."""
+    x = x.contiguous()
+    b, h, n, d = x.shape
+    y = torch.empty((b, h, d, n), dtype=x.dtype, device=x.device)
+    if x.numel():
+        _tokens_last[(triton.cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                                                   num_warps=4)
+    return y
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
     """Same contract as :func:`sage_compile.reference.int8_train.quantize`: ``(q8, qs, k8, ks, v8, vs,
     k_mean (B,Hkv,1,D))``; inputs are never modified (NHD is read in place through strides)."""
