@@ -71,8 +71,9 @@ def main():
                   "(the backward of both from Triton's O and LSE)")
             for name, x, y in zip(("o", "lse", "dq", "dk", "dv"), got, tri):
                 finite = bool(torch.isfinite(x).all())
-                rel = ((x.float() - y.float()).abs().sum() / y.float().abs().sum().clamp_min(1e-12)).item()
-                print(f"{name}: rel-L1 {rel:.3e}  finite {finite}  max|diff| {(x.float() - y.float()).abs().max().item():.3e}")
+                err = (x.float() - y.float()).abs()
+                rel = (err.sum() / y.float().abs().sum().clamp_min(1e-12)).item()
+                print(f"{name}: rel-L1 {rel:.3e}  finite {finite}  max|diff| {err.max().item():.3e}")
                 if rel > 1e-2 or not finite:
                     print(_blocks(x, y))
 

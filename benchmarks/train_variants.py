@@ -6,8 +6,8 @@ same for all), ``triton.testing.do_bench`` median; each variant's outputs are co
 
     python benchmarks/train_variants.py --variants "base=;s2=-DSAGE_TRAIN_STAGES=2" --out v.json
 
-TFLOP/s: forward 4·B·H·N²·D / t, backward 2.5 x that (the 5 matmuls of the backward), halved for causal. Records per
-shared/docs/conventions.md (kernel ``sage_int8_train``, ``variant`` = ``cuda:<name>`` or ``triton``).
+TFLOP/s: forward 4·B·H·N²·D / t, backward 2.5 x that (the 5 matmuls of the backward), halved for causal. Records
+per shared/docs/conventions.md (kernel ``sage_int8_train``, ``variant`` = ``cuda:<name>`` or ``triton``).
 """
 from __future__ import annotations
 
@@ -87,8 +87,9 @@ def main():
                      dict(row, metric="fwd_tflops", value=flops / ms_f / 1e9),
                      dict(row, metric="bwd_tflops", value=2.5 * flops / ms_b / 1e9),
                      dict(row, metric="max_abs_diff_vs_first_cuda", value=diff)]
-            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms ({flops / ms_f / 1e9:6.1f})  bwd {ms_b:7.3f} ms "
-                  f"({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diff:.3g}", flush=True)
+            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms ({flops / ms_f / 1e9:6.1f})  "
+                  f"bwd {ms_b:7.3f} ms ({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diff:.3g}",
+                  flush=True)
         os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
         if a.out:
             with open(a.out, "w") as fh:

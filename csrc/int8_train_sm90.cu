@@ -1,7 +1,7 @@
 // SageBwd for Hopper (sm_90a): the int8_train forward, and the dK / dV and dQ kernels with psi="split" numerics.
 //
-// dK / dV: same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and the
-// reference (sage_compile/reference/int8_train.py, shared/docs/numerics.md §4): for each key block and each
+// dK / dV: same numerics as the Triton kernel `_bwd_dkdv_split` (sage_compile/kernels/int8_train/attention.py) and
+// the reference (sage_compile/reference/int8_train.py, shared/docs/numerics.md §4): for each key block and each
 // 64-query step, S^T = k̂·q̂^T in INT8 (exact int32) times the K (64 keys) and Q (128 queries) scales and the
 // softmax scale, P^T = exp2(S^T - LSE2); ψ(P^T) with one scale per key over the 64 queries; dV += ψ(P^T)·ψ(dO)
 // in INT8 (dO: one scale per 128 queries); dP^T = V̂·dO^T in 16 bits with fp32 accumulation; dS^T = P^T ∘
@@ -31,7 +31,7 @@
 // Not yet run on a GPU (built and inspected offline only); sage_compile uses them only where asked
 // (SAGE_COMPILE_INT8_TRAIN_CORE=cuda, sage_compile/kernels/int8_train/cuda.py).
 //
-// Plain C launcher (no torch headers) so the CPU CI can compile it with nvcc -c; the torch binding is
+// Plain C launchers (no torch headers) so the CPU CI can compile them with nvcc -c; the torch binding is
 // int8_train_sm90_bind.cpp.
 
 #include <type_traits>

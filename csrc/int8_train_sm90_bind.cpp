@@ -1,5 +1,5 @@
-// Torch binding of the sm90 SageBwd kernels (int8_train_sm90.cu: forward, dK / dV, dQ): checks the tensors, passes pointers,
-// strides and the current stream to the plain C launcher. Built with the kernel by
+// Torch binding of the sm90 SageBwd kernels (int8_train_sm90.cu: forward, dK / dV, dQ): checks the tensors, passes
+// pointers, strides and the current stream to the plain C launchers. Built with the kernel by
 // sage_compile/kernels/int8_train/cuda.py through torch.utils.cpp_extension at first use.
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>

@@ -4,7 +4,7 @@ Environment (conventions.md): ``SAGE_COMPILE=1`` (global enable, handled by :mod
 ``SAGE_COMPILE_KERNEL=<scheme|auto>``, ``SAGE_COMPILE_DUMP=<dir>``, ``SAGE_COMPILE_STRICT=1``,
 ``SAGE_COMPILE_INT8_FP8_CORE=auto|triton|cuda`` (which implementation of the ``int8_fp8`` core runs on
 CUDA: an implementation choice with the same numerics, read at call time, not part of what a compiled
-graph depends on), ``SAGE_COMPILE_INT8_TRAIN_CORE=triton|cuda`` (the same for ``int8_train``'s dK/dV kernel).
+graph depends on), ``SAGE_COMPILE_INT8_TRAIN_CORE=triton|cuda`` (the same for ``int8_train``'s forward and split backward).
 """
 from __future__ import annotations
 

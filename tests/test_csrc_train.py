@@ -1,7 +1,7 @@
 """csrc/int8_train_sm90.cu on a CPU machine: the SageBwd forward, dK/dV and dQ kernels compile with a plain
-``nvcc -c`` for sm_90a, their SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-token step and TMA
-loads, no local memory and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps the Triton kernels
-unless asked, and falls back to them with the reason where the CUDA kernels cannot run. Skipped with a note where
+``nvcc -c`` for sm_90a, their SASS holds the INT8 (IGMMA) and 16-bit (HGMMA) wgmmas of each 64-token step and
+TMA loads, no local memory and no serialized wgmmas; the Python side reads SAGE_COMPILE_INT8_TRAIN_CORE, keeps
+the Triton kernels unless asked, and falls back to them with the reason where the CUDA kernels cannot run. Skipped with a note where
 nvcc is absent. (The kernels' numerics are checked on the GPU: tests/test_kernel_int8_train_cuda_gpu.py.)"""
 import logging
 import re
@@ -71,7 +71,8 @@ def test_sass_has_the_steps_wgmmas(compiled):
         n_s = d // 32 * (copies + (kind == "fwd"))
         assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == n_s, name
         n_dp = 0 if kind == "fwd" else d // 16 * copies
-        assert len(re.findall(r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16"), f)) == n_dp, name  # (fp16: no suffix)
+        hgmma = r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16")  # (fp16: no suffix)
+        assert len(re.findall(hgmma, f)) == n_dp, name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         assert not re.search(r"\b(LDL|STL)\b", f) or ("SAGE_TRAIN_PARTS=0" in knobs and kind == "dkdv"), name
         # the exps of P (32 a step; the forward's two rescale factors) and no IEEE-division slow path (FCHK / CALL)
@@ -125,8 +126,8 @@ def test_backward_asks_for_the_cuda_kernel_only_when_told(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="sage_compile"):
         assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
         assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
-    notes = [r.getMessage() for r in caplog.records if "int8_train backward on Triton" in r.getMessage()]
-    assert notes == ["sage_compile: int8_train backward on Triton, not the CUDA kernels: not a CUDA tensor"]
+    notes = [r.getMessage() for r in caplog.records if "int8_train on the Triton kernels" in r.getMessage()]
+    assert notes == ["sage_compile: int8_train on the Triton kernels, not the CUDA ones: not a CUDA tensor"]
 
 
 def test_build_name_follows_the_shared_header(monkeypatch, tmp_path):

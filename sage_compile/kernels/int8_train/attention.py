@@ -544,7 +544,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
         lse2 = train_cuda.lse_log2(lse)
         train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal, sm,
                         bhn_strides(dk, layout))
-        train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, causal, sm, bhn_strides(dq, layout))
+        train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, causal, sm,
+                      bhn_strides(dq, layout))
         return dq, dk, dv
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))

@@ -1,14 +1,15 @@
-"""The CUDA sm90 backward kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
+"""The CUDA sm90 kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
 
 ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (:func:`sage_compile.config.int8_train_core`; default ``triton``) sends
 the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
 dim 64 or 128, no mask other than causal, keys (and for the backward queries) multiples of 16, a 16-bit dtype,
 an sm90 GPU); the quantization prologue and the backward's small preparation kernel stay on Triton. Same
 numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets, fp32 sums in
-another order. The kernels have not yet run on a GPU (built and inspected
-offline only), which is why they are not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
-first use (cached by torch under a name that carries the hash of the sources and flags); if it cannot be
-built or loaded, the Triton kernels serve and the reason is logged once and kept in :func:`status`.
+another order. The kernels have not yet run on a GPU (built and inspected offline only), which is why they
+are not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
+first use (cached by torch under a name that carries the hash of the sources, the shared header and the
+flags); if it cannot be built or loaded, the Triton kernels serve and the reason is logged once and kept in
+:func:`status`.
 """
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def note_fallback(why: str) -> None:
     """The CUDA kernels were asked for and cannot run a call: logged once per reason; Triton serves."""
     if why not in _state["logged"]:
         _state["logged"].add(why)
-        log.warning("sage_compile: int8_train backward on Triton, not the CUDA kernels: %s", why)
+        log.warning("sage_compile: int8_train on the Triton kernels, not the CUDA ones: %s", why)
 
 
 def forward(q8, qs, k8, ks, v8t, vs, out, lse, causal: str, c: float, out_strides: tuple, module=None) -> None:

@@ -61,7 +61,8 @@ def _tokens_last(X, Y, N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.co
 def tokens_last(x: torch.Tensor) -> torch.Tensor:
     """``x`` (B, H, N, D) as a contiguous (B, H, D, N) copy (the K-major B operands of the INT8 dots: V^T for
     P·V, Q^T for dK, K^T for dQ), by tiles: torch's strided copy of one-byte elements runs at a fraction of the
-    bandwidth (0.4 ms for a 64 MB int8 tensor in the H200 profiles, benchmarks/results/diag_train_run42_*)."""
+    bandwidth (run 42's profile at 16K, benchmarks/results/diag_train_run42_*: 1.2 ms in torch's generic
+    elementwise kernel, by my reading the three 64 MB transposes; this kernel is not yet timed)."""
     x = x.contiguous()
     b, h, n, d = x.shape
     y = torch.empty((b, h, d, n), dtype=x.dtype, device=x.device)
