@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -23,12 +24,24 @@ import time
 import torch
 
 
-def _build(flags: str) -> str:
-    from sage_compile.kernels.int8_fp8 import cuda
-
+def _build(job: tuple) -> str:
+    module, flags = job
     t0 = time.time()
-    cuda.build(tuple(flags.split()))
+    importlib.import_module(module).build(tuple(flags.split()))
     return f"{flags or '(default)'}: built in {time.time() - t0:.0f} s"
+
+
+def build_variants(module: str, variants: list) -> dict:
+    """``{name: extension}`` of the build variants ``[(name, flags)]`` of ``module`` (a module with a
+    ``build(extra_flags)``), compiled in parallel first (one process each), then loaded here."""
+    t0 = time.time()
+    with cf.ProcessPoolExecutor(max_workers=len(variants), mp_context=mp.get_context("spawn")) as ex:
+        for msg in ex.map(_build, [(module, f) for _, f in variants]):
+            print(msg, flush=True)
+    build = importlib.import_module(module).build
+    mods = {name: build(tuple(flags.split())) for name, flags in variants}
+    print(f"[{time.time() - t0:4.0f}s] {len(mods)} variants built", flush=True)
+    return mods
 
 
 def main():
@@ -49,12 +62,7 @@ def main():
     p.add_argument("--best-to", default=None, help="write the flags of the fastest variant on the first shape here")
     a = p.parse_args()
     variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
-    t0 = time.time()
-    with cf.ProcessPoolExecutor(max_workers=len(variants), mp_context=mp.get_context("spawn")) as ex:
-        for msg in ex.map(_build, [f for _, f in variants]):
-            print(msg, flush=True)
-    mods = {name: cuda.build(tuple(flags.split())) for name, flags in variants}
-    print(f"[{time.time() - t0:4.0f}s] {len(mods)} variants built", flush=True)
+    mods = build_variants("sage_compile.kernels.int8_fp8.cuda", variants)
     base = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),
                 command=" ".join(sys.argv), heads=a.heads)

@@ -12,23 +12,15 @@ per shared/docs/conventions.md (kernel ``sage_int8_train``, ``variant`` = ``cuda
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import datetime
 import json
-import multiprocessing as mp
 import os
 import sys
-import time
 
 import torch
 
-
-def _build(flags: str) -> str:
-    from sage_compile.kernels.int8_train import cuda
-
-    t0 = time.time()
-    cuda.build(tuple(flags.split()))
-    return f"{flags or '(default)'}: built in {time.time() - t0:.0f} s"
+sys.path.insert(0, os.path.dirname(__file__))
+from cuda_variants import build_variants  # noqa: E402
 
 
 def main():
@@ -48,12 +40,7 @@ def main():
     p.add_argument("--out", default=None)
     a = p.parse_args()
     variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
-    t0 = time.time()
-    with cf.ProcessPoolExecutor(max_workers=len(variants), mp_context=mp.get_context("spawn")) as ex:
-        for msg in ex.map(_build, [f for _, f in variants]):
-            print(msg, flush=True)
-    mods = {name: cuda.build(tuple(flags.split())) for name, flags in variants}
-    print(f"[{time.time() - t0:4.0f}s] {len(mods)} variants built", flush=True)
+    mods = build_variants("sage_compile.kernels.int8_train.cuda", variants)
     base = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),
                 command=" ".join(sys.argv), heads=a.heads, batch=a.batch, kernel="sage_int8_train")

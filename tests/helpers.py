@@ -67,3 +67,19 @@ def llm_mask(b, lq, lk, pad, causal=True, side="right"):
     if causal:
         m = m & (j[None, :] <= torch.arange(lq)[:, None] + (lk - lq))
     return m[:, None].clone()
+
+
+def llm_step(model, ids):
+    """One next-token training step's ``(loss, flattened parameter gradients)`` of ``model`` (ids (B, N+1) ->
+    logits of the first N) under bf16 autocast; the gradients are cleared again afterwards."""
+    import torch.nn.functional as F
+
+    with torch.autocast("cuda", torch.bfloat16):
+        logits = model(ids[:, :-1])
+    loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = torch.cat([p.grad.flatten() for p in params])
+    for p in params:
+        p.grad = None
+    return loss.detach(), grads

@@ -36,12 +36,13 @@ LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 w
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
+    from sage_compile.kernels import cuda_ext
     from sage_compile.kernels.int8_fp8 import cuda
 
     kernel = next(p for p in cuda.source_paths() if p.endswith(".cu"))
     obj = str(tmp_path_factory.mktemp("csrc") / "int8_fp8_sm90.o")
     knobs = [] if request.param == "default" else request.param.split()  # the build knobs compile too
-    flags = [f for f in cuda.CUDA_FLAGS if f != "-lineinfo"] + knobs
+    flags = [f for f in cuda_ext.CUDA_FLAGS if f != "-lineinfo"] + knobs
     r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
     return r, obj, " ".join(knobs)
 
@@ -339,23 +340,23 @@ def test_quick_configuration_is_one_of_the_autotuners():
 
 
 def test_build_name_follows_the_sources(tmp_path):
-    from sage_compile.kernels.int8_fp8 import cuda
+    from sage_compile.kernels import cuda_ext
 
     a, b = tmp_path / "a.cu", tmp_path / "b.cu"
     a.write_text("x")
     b.write_text("y")
-    f = cuda.cuda_flags()
-    assert cuda._build_name([str(a)], f) != cuda._build_name([str(b)], f)
-    assert cuda._build_name([str(a)], f) == cuda._build_name([str(a)], f)
-    assert cuda._build_name([str(a)], f) != cuda._build_name([str(a)], cuda.cuda_flags(("-DSAGE_KPERM=0",)))
+    f = cuda_ext.cuda_flags()
+    assert cuda_ext._build_name([str(a)], f) != cuda_ext._build_name([str(b)], f)
+    assert cuda_ext._build_name([str(a)], f) == cuda_ext._build_name([str(a)], f)
+    assert cuda_ext._build_name([str(a)], f) != cuda_ext._build_name([str(a)], cuda_ext.cuda_flags(("-DSAGE_KPERM=0",)))
 
 
 def test_flags_from_the_environment(monkeypatch):
-    from sage_compile.kernels.int8_fp8 import cuda
+    from sage_compile.kernels import cuda_ext
 
     monkeypatch.setenv("SAGE_COMPILE_CUDA_FLAGS", " -DSAGE_STAGES128=3  -DSAGE_KPERM=0 ")
-    assert cuda.cuda_flags(("-DX",))[-3:] == ("-DSAGE_STAGES128=3", "-DSAGE_KPERM=0", "-DX")
-    assert cuda.cuda_flags()[: len(cuda.CUDA_FLAGS)] == cuda.CUDA_FLAGS
+    assert cuda_ext.cuda_flags(("-DX",))[-3:] == ("-DSAGE_STAGES128=3", "-DSAGE_KPERM=0", "-DX")
+    assert cuda_ext.cuda_flags()[: len(cuda_ext.CUDA_FLAGS)] == cuda_ext.CUDA_FLAGS
 
 
 def test_core_choice_from_the_environment():

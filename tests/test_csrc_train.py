@@ -19,13 +19,13 @@ from test_csrc import NVCC, sass_functions
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
-    from sage_compile.kernels.int8_fp8 import cuda as fwd_cuda
+    from sage_compile.kernels import cuda_ext
     from sage_compile.kernels.int8_train import cuda
 
-    kernel = next(p for p in fwd_cuda.source_paths(cuda.SOURCES) if p.endswith(".cu"))
+    kernel = next(p for p in cuda_ext.source_paths(cuda.SOURCES) if p.endswith(".cu"))
     obj = str(tmp_path_factory.mktemp("csrc") / "int8_train_sm90.o")
     knobs = [] if request.param == "default" else request.param.split()
-    flags = [f for f in fwd_cuda.CUDA_FLAGS if f != "-lineinfo"] + knobs
+    flags = [f for f in cuda_ext.CUDA_FLAGS if f != "-lineinfo"] + knobs
     r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
     return r, obj, " ".join(knobs)
 
@@ -134,26 +134,26 @@ def test_build_name_follows_the_shared_header(monkeypatch, tmp_path):
     """Both extensions' names hash the header their sources include (an edit there rebuilds)."""
     from torch.utils import cpp_extension
 
-    from sage_compile.kernels.int8_fp8 import cuda
+    from sage_compile.kernels import cuda_ext
 
     src, hdr = tmp_path / "k.cu", tmp_path / "sm90_common.cuh"
     src.write_text("x")
     names = []
-    monkeypatch.setattr(cuda, "source_paths", lambda names_=cuda.SOURCES: [str(tmp_path / n) for n in names_])
+    monkeypatch.setattr(cuda_ext, "source_paths", lambda names_: [str(tmp_path / n) for n in names_])
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: names.append(kw["name"]))
-    monkeypatch.setattr(cuda, "HEADERS", ("sm90_common.cuh",))
+    monkeypatch.setattr(cuda_ext, "HEADERS", ("sm90_common.cuh",))
     for text in ("a", "b"):
         hdr.write_text(text)
-        cuda.build_extension("p", ("k.cu",))
+        cuda_ext.build_extension("p", ("k.cu",))
     assert names[0].startswith("p_") and names[0] != names[1]
 
 
 def test_sources_ship_as_package_data():
     import os
 
-    from sage_compile.kernels.int8_fp8 import cuda as fwd_cuda
+    from sage_compile.kernels import cuda_ext
     from sage_compile.kernels.int8_train import cuda
 
-    for names in (cuda.SOURCES, fwd_cuda.HEADERS):
-        paths = fwd_cuda.source_paths(names)
+    for names in (cuda.SOURCES, cuda_ext.HEADERS):
+        paths = cuda_ext.source_paths(names)
         assert all(os.path.exists(p) for p in paths), paths

@@ -6,7 +6,7 @@ gradient goal holds with every kernel on CUDA; a token count they do not take fa
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, poison_cuda_cache
+from helpers import cos_rel, llm_step, poison_cuda_cache
 
 import sage_compile
 
@@ -157,20 +157,8 @@ def test_compiled_llm_trains_on_the_cuda_kernels(monkeypatch):
     torch.manual_seed(0)
     model = sage_compile.models.TinyLlama(dim=256, heads=4, kv_heads=2, depth=2).cuda()  # head dim 64
     ids = torch.randint(0, 512, (2, 513), device="cuda")
-
-    def loss_of(m):
-        with torch.autocast("cuda", torch.bfloat16):
-            logits = m(ids[:, :-1])
-        return F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-
-    ref = loss_of(model)
-    ref.backward()
-    ref_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    model.zero_grad()
-    cm = torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train"))
-    loss = loss_of(cm)
-    loss.backward()
+    ref, ref_grads = llm_step(model, ids)
+    loss, g = llm_step(torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train")), ids)
     assert calls == {"forward": 2, "dkdv": 2, "dq": 2}, calls
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
-    g = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99

@@ -4,7 +4,7 @@ poisoned outputs, and a compiled model training through backend="sage" on the ke
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, outlier_inputs, poison_cuda_cache
+from helpers import bits, cos_rel, llm_step, outlier_inputs, poison_cuda_cache
 
 import sage_compile
 
@@ -139,16 +139,7 @@ def test_compiled_llm_trains_on_the_kernels():
     torch.manual_seed(0)
     model = sage_compile.models.TinyLlama(dim=128, heads=4, kv_heads=2, depth=2).cuda()
     ids = torch.randint(0, 512, (2, 512), device="cuda")
-
-    def loss_of(m):
-        with torch.autocast("cuda", torch.bfloat16):
-            logits = m(ids[:, :-1])
-        return F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-
-    ref = loss_of(model)
-    ref.backward()
-    ref_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-    model.zero_grad()
+    ref, ref_grads = llm_step(model, ids)
     debug.clear_reports()
     calls = []
     real = ops.impl_for("int8_train", "cuda").backward
@@ -159,14 +150,11 @@ def test_compiled_llm_trains_on_the_kernels():
 
     ops.impl_for("int8_train", "cuda").backward = spy
     try:
-        cm = torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train"))
-        loss = loss_of(cm)
-        loss.backward()
+        loss, g = llm_step(torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train")), ids)
     finally:
         ops.impl_for("int8_train", "cuda").backward = real
     rows = [r for rep in debug.last_reports() for r in rep]
     assert len(rows) == 2 and all(r["decision"] == "int8_train" for r in rows), rows
     assert len(calls) == 2
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
-    g = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99

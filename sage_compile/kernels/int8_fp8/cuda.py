@@ -29,16 +29,16 @@ import math
 import os
 import threading
 import time
-from importlib import resources
 from typing import Optional
 
 import torch
 
+from ..cuda_ext import HEADERS, build_extension, cuda_flags, load_once
+from ..cuda_ext import source_paths as _source_paths
+
 log = logging.getLogger("sage_compile")
 
 SOURCES = ("int8_fp8_sm90.cu", "int8_fp8_sm90_bind.cpp")
-HEADERS = ("sm90_common.cuh",)  # included by the sources: part of the build's hash
-CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 LOG2E = 1.4426950408889634
 
 _lock = threading.Lock()
@@ -58,45 +58,8 @@ _failures: set = set()
 
 
 def source_paths(names=SOURCES) -> list[str]:
-    """Paths of the CUDA sources ``names`` (installed as the ``sage_compile.csrc`` package data)."""
-    root = resources.files("sage_compile.csrc")
-    return [str(root / name) for name in names]
-
-
-def cuda_flags(extra: tuple = ()) -> tuple:
-    """nvcc flags: :data:`CUDA_FLAGS`, then ``SAGE_COMPILE_CUDA_FLAGS`` (whitespace-separated; the kernel's
-    build knobs, e.g. ``-DSAGE_STAGES128=3``: see the top of ``csrc/int8_fp8_sm90.cu``), then ``extra``."""
-    return CUDA_FLAGS + tuple(os.environ.get("SAGE_COMPILE_CUDA_FLAGS", "").split()) + tuple(extra)
-
-
-def _build_name(paths, flags, prefix: str = "sage_int8_fp8_sm90") -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            h.update(f.read())
-    h.update(" ".join(flags).encode())
-    h.update(torch.__version__.encode())
-    return f"{prefix}_{h.hexdigest()[:12]}"
-
-
-def build_extension(prefix: str, sources: tuple, extra: tuple = ()):
-    """Compile (or find in torch's extension cache) and import the extension of ``sources`` (csrc file names)
-    with :func:`cuda_flags` ``(extra)``, named ``prefix`` + the hash of the sources, :data:`HEADERS` and the
-    flags; raises on failure."""
-    from torch.utils import cpp_extension
-
-    paths, flags = source_paths(sources), cuda_flags(extra)
-    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
-    try:
-        return cpp_extension.load(name=_build_name(paths + source_paths(HEADERS), flags, prefix), sources=paths,
-                                  extra_cuda_cflags=list(flags), extra_cflags=["-O3"],
-                                  verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+    """Paths of the CUDA sources ``names`` (default: this core's; installed as package data)."""
+    return _source_paths(names)
 
 
 def build(extra: tuple = ()):
@@ -132,27 +95,6 @@ def load():
 
 def _load():
     return load_once(_state, _lock, build, "CUDA int8_fp8 core unavailable, using the Triton core")
-
-
-def load_once(state: dict, lock, build_fn, what: str):
-    """``build_fn()`` once per ``state`` (its ``tried``, ``module``, ``error``) under ``lock``: on a device
-    of compute capability 9.0 only; any failure is logged once as ``what`` with the reason (kept in
-    ``state["error"]``) and gives None, so that the Triton kernels serve."""
-    with lock:
-        if state["tried"]:
-            return state["module"]
-        state["tried"] = True
-        try:
-            if not torch.cuda.is_available():
-                raise RuntimeError("no CUDA device")
-            cap = torch.cuda.get_device_capability()
-            if cap != (9, 0):
-                raise RuntimeError(f"needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}")
-            state["module"] = build_fn()
-        except Exception as e:  # noqa: BLE001 - any failure means: the Triton kernels serve
-            state["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-            log.warning("sage_compile: %s (%s)", what, state["error"])
-        return state["module"]
 
 
 def status() -> dict:
@@ -265,13 +207,14 @@ def choice_cache_path() -> Optional[str]:
 
 
 def _cache_scope(device) -> str:
-    """What a measured choice depends on besides the shape: the GPU, torch, triton and both cores' sources."""
+    """What a measured choice depends on besides the shape: the GPU, torch, triton and both cores' sources (with
+    the header the CUDA core includes)."""
     import triton
 
     from . import attention as triton_core
 
     h = hashlib.sha256()
-    for path in (*source_paths(), triton_core.__file__):
+    for path in (*source_paths(), *source_paths(HEADERS), triton_core.__file__):
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(" ".join(cuda_flags()).encode())

@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from ..int8_fp8.cuda import LOG2E, build_extension, load_once
+from ..cuda_ext import build_extension, load_once
+from .attention import LOG2E
 
 log = logging.getLogger("sage_compile")
 
