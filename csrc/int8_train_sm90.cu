@@ -80,42 +80,33 @@ constexpr int kThreads = 128 * 3;
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "     \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 
+// An n64 wgmma with both operands in shared memory (descriptors %32, %33; accumulate unless %34 is 0): SHAPE_TYPES is
+// the instruction's "k<K>.<d>.<a>.<b>" part, EXTRA its operands after the predicate, OUT the 32 accumulators
+#define SAGE_WGMMA_SS_N64(SHAPE_TYPES, EXTRA, OUT)                                                          \
+  asm volatile(                                                                                            \
+      "{\n"                                                                                                \
+      ".reg .pred p;\n"                                                                                    \
+      "setp.ne.b32 p, %34, 0;\n"                                                                           \
+      "wgmma.mma_async.sync.aligned.m64n64" SHAPE_TYPES " " SAGE_D32 ", %32, %33, p" EXTRA ";\n"             \
+      "}\n"                                                                                                \
+      : OUT(d, 0), OUT(d, 8), OUT(d, 16), OUT(d, 24)                                                       \
+      : "l"(da), "l"(db), "r"(accumulate))
+
 // S^T (64 keys x 64 queries, s32) (+)= A (64 x 32 s8, smem) * B (64 x 32 s8, smem)^T
 __device__ __forceinline__ void wgmma_s8_ss_n64(uint32_t (&d)[32], uint64_t da, uint64_t db, int accumulate) {
 #if SAGE_SM90A
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " SAGE_D32 ", %32, %33, p;\n"
-      "}\n"
-      : SAGE_R8(d, 0), SAGE_R8(d, 8), SAGE_R8(d, 16), SAGE_R8(d, 24)
-      : "l"(da), "l"(db), "r"(accumulate));
+  SAGE_WGMMA_SS_N64("k32.s32.s8.s8", "", SAGE_R8);
 #endif
 }
 
-// dP^T (64 keys x 64 queries, f32) (+)= A (64 x 16, smem) * B (64 x 16, smem)^T, bf16 or fp16
+// dP^T (64 keys x 64 queries, f32) (+)= A (64 x 16, smem) * B (64 x 16, smem)^T, bf16 or fp16 (both K-major)
 template <typename T>
 __device__ __forceinline__ void wgmma_16_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
 #if SAGE_SM90A
   if constexpr (std::is_same<T, __half>::value) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " SAGE_D32 ", %32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24)
-        : "l"(da), "l"(db), "r"(accumulate));
+    SAGE_WGMMA_SS_N64("k16.f32.f16.f16", ", 1, 1, 0, 0", SAGE_F8);
   } else {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " SAGE_D32 ", %32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : SAGE_F8(d, 0), SAGE_F8(d, 8), SAGE_F8(d, 16), SAGE_F8(d, 24)
-        : "l"(da), "l"(db), "r"(accumulate));
+    SAGE_WGMMA_SS_N64("k16.f32.bf16.bf16", ", 1, 1, 0, 0", SAGE_F8);
   }
 #endif
 }
