@@ -32,6 +32,26 @@ void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* n
   TORCH_CHECK(t.is_contiguous(), "sage_compile sm90 int8_train: ", name, " must be contiguous");
 }
 
+// per-block scales: (b, h, ceil(n / block)) (the kernels index them from the lengths)
+void check_scales(const at::Tensor& s, int64_t b, int64_t h, int64_t n, int64_t block, const char* name) {
+  const int64_t nb = (n + block - 1) / block;
+  TORCH_CHECK(s.size(0) == b && s.size(1) == h && s.size(2) == nb, "sage_compile sm90 int8_train: ", name,
+              " must be (", b, ", ", h, ", ", nb, "), got ", s.sizes());
+}
+
+// An output the kernels write (b, h, n, d) values of at element strides (sob, soh, son, 1) from its data pointer, in
+// either token layout (B, H, N, D) or (B, N, H, D): CUDA, of type t16, channel stride 1, b * h * n * d elements
+// and every written element inside them
+void check_out(const at::Tensor& o, at::ScalarType t16, int64_t b, int64_t h, int64_t n, int64_t d, int64_t sob,
+               int64_t soh, int64_t son, const char* name) {
+  TORCH_CHECK(o.is_cuda() && o.scalar_type() == t16 && o.stride(-1) == 1, "sage_compile sm90 int8_train: ", name,
+              " must be CUDA ", t16, " with channel stride 1");
+  TORCH_CHECK(o.numel() == b * h * n * d && sob >= 0 && soh >= 0 && son >= 0 &&
+                  (b - 1) * sob + (h - 1) * soh + (n - 1) * son + d <= o.numel(),
+              "sage_compile sm90 int8_train: ", name, " must hold (", b, ", ", h, ", ", n, ", ", d,
+              ") at the strides given");
+}
+
 // v16 and do16: the 16-bit operands, bf16 or fp16 alike; returns their type (the outputs' type)
 at::ScalarType check16(const at::Tensor& v16, const at::Tensor& do16) {
   const auto t16 = v16.scalar_type();
@@ -60,17 +80,20 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
   check(lse2, at::kFloat, 3, "lse2");
   check(delta, at::kFloat, 3, "delta");
   const auto t16 = check16(v16, do16);
-  for (const at::Tensor* o : {&dk, &dv}) {
-    TORCH_CHECK(o->is_cuda() && o->scalar_type() == t16, "sage_compile sm90 int8_train: dk/dv must be CUDA ", t16);
-    TORCH_CHECK(o->stride(-1) == 1, "sage_compile sm90 int8_train: dk/dv's channel stride must be 1");
-  }
   TORCH_CHECK(dk.strides() == dv.strides(), "sage_compile sm90 int8_train: dk and dv must share strides");
   const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
   const int64_t hkv = k8.size(1), lk = k8.size(2);
   TORCH_CHECK(q8t.size(2) == d && q8t.size(3) == lq && do8t.sizes() == q8t.sizes() && do16.sizes() == q8.sizes() &&
                   v16.sizes() == k8.sizes() && lse2.size(2) == lq && delta.sizes() == lse2.sizes() &&
-                  k8.size(0) == b && k8.size(3) == d && dk.size(2) == lk && dv.size(2) == lk,
+                  k8.size(0) == b && k8.size(3) == d,
               "sage_compile sm90 int8_train: shapes");
+  check_scales(qs, b, hq, lq, 128, "qs");
+  check_scales(sdo, b, hq, lq, 128, "sdo");
+  check_scales(ks, b, hkv, lk, 64, "ks");
+  TORCH_CHECK(lse2.size(0) == b && lse2.size(1) == hq, "sage_compile sm90 int8_train: lse2 must be (", b, ", ", hq,
+              ", ", lq, ")");
+  check_out(dk, t16, b, hkv, lk, d, sob, soh, son, "dk");
+  check_out(dv, t16, b, hkv, lk, d, sob, soh, son, "dv");
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_dkdv(
       q8.data_ptr(), q8t.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
@@ -98,14 +121,17 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
   check(lse2, at::kFloat, 3, "lse2");
   check(delta, at::kFloat, 3, "delta");
   const auto t16 = check16(v16, do16);
-  TORCH_CHECK(dq.is_cuda() && dq.scalar_type() == t16 && dq.stride(-1) == 1,
-              "sage_compile sm90 int8_train: dq must be CUDA ", t16, " with channel stride 1");
   const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
   const int64_t hkv = k8.size(1), lk = k8.size(2);
   TORCH_CHECK(k8t.size(2) == d && k8t.size(3) == lk && v16.sizes() == k8.sizes() && do16.sizes() == q8.sizes() &&
                   lse2.size(2) == lq && delta.sizes() == lse2.sizes() && kmean.size(1) == hkv && kmean.size(2) == d &&
-                  k8.size(0) == b && k8.size(3) == d && dq.size(2) == lq,
+                  k8.size(0) == b && k8.size(3) == d,
               "sage_compile sm90 int8_train: shapes");
+  check_scales(qs, b, hq, lq, 128, "qs");
+  check_scales(ks, b, hkv, lk, 64, "ks");
+  TORCH_CHECK(kmean.size(0) == b && lse2.size(0) == b && lse2.size(1) == hq,
+              "sage_compile sm90 int8_train: kmean / lse2 batch or heads");
+  check_out(dq, t16, b, hq, lq, d, sob, soh, son, "dq");
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_dq(
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), k8t.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
@@ -130,14 +156,16 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
   check(ks, at::kFloat, 3, "ks");
   check(vs, at::kFloat, 3, "vs");
   check(lse, at::kFloat, 3, "lse");
-  TORCH_CHECK(out.is_cuda() && (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf) &&
-                  out.stride(-1) == 1,
-              "sage_compile sm90 int8_train: out must be CUDA bf16/fp16 with channel stride 1");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kHalf,
+              "sage_compile sm90 int8_train: out must be bf16/fp16");
   const int64_t b = q8.size(0), hq = q8.size(1), lq = q8.size(2), d = q8.size(3);
   const int64_t hkv = k8.size(1), lk = k8.size(2);
   TORCH_CHECK(k8.size(0) == b && k8.size(3) == d && v8t.size(1) == hkv && v8t.size(2) == d && v8t.size(3) == lk &&
                   lse.size(0) == b && lse.size(1) == hq && lse.size(2) == lq && ks.sizes() == vs.sizes(),
               "sage_compile sm90 int8_train: shapes");
+  check_scales(qs, b, hq, lq, 128, "qs");
+  check_scales(ks, b, hkv, lk, 64, "ks");
+  check_out(out, out.scalar_type(), b, hq, lq, d, sob, soh, son, "out");
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_fwd(
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v8t.data_ptr(), vs.data_ptr<float>(),

@@ -116,6 +116,31 @@ def test_cuda_forward_matches_triton(case, monkeypatch):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+def test_token_major_layout_gives_the_same_values(d, monkeypatch):
+    """O and dQ, dK, dV written in (B, N, H, D) ("NHD": what the layout pass hands over when the model's
+    tensors are token-major) through the kernels' output strides: the (B, H, N, D) values, bit for bit."""
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import cuda
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
+    g = torch.Generator().manual_seed(11 + d)
+    q, do = (torch.randn(1, 4, 320, d, generator=g).cuda().bfloat16() for _ in range(2))
+    k, v = (torch.randn(1, 2, 384, d, generator=g).cuda().bfloat16() for _ in range(2))
+    qt = KQ.quantize(q, k, v)
+    o, lse = KA.forward(*qt[:6], "bottom_right", None, "HND", torch.bfloat16)
+    on, lsen = KA.forward(*qt[:6], "bottom_right", None, "NHD", torch.bfloat16)
+    assert cuda.status()["built"], cuda.status()
+    assert on.shape == (1, 320, 4, d) and torch.equal(on.transpose(1, 2), o) and torch.equal(lsen, lse)
+    got = KA.backward(*qt, o, lse, do, "bottom_right", None, "HND", torch.bfloat16, psi="split")
+    gotn = KA.backward(*qt, on, lsen, do.transpose(1, 2).contiguous(), "bottom_right", None, "NHD", torch.bfloat16,
+                       psi="split")
+    for n, a, an in zip(("dq", "dk", "dv"), got, gotn):
+        assert an.shape == (a.shape[0], a.shape[2], a.shape[1], d), n
+        assert torch.equal(an.transpose(1, 2), a), n
+
+
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
 def test_gradient_goal_on_the_cuda_kernels(d, causal, monkeypatch):
     """Issue 5's goal with the forward and the backward on the CUDA kernels: dQ, dK, dV cos >= 0.998 vs fp32

@@ -68,6 +68,8 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dt
         return f"head_dim {d} (the CUDA kernels have 64 and 128)"
     if dtype16 not in (torch.bfloat16, torch.float16):
         return f"dtype {dtype16}"
+    if b == 0 or hq == 0:
+        return "an empty batch"
     if (lq % 16 and not forward) or lk % 16 or lq == 0 or lk == 0:
         return f"{lq} queries, {lk} keys (the CUDA kernels need multiples of 16{'' if not forward else ' keys'})"
     if b * hq > 65535:
