@@ -54,12 +54,23 @@ def status() -> dict:
 def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype,
                 forward: bool = False) -> Optional[str]:
     """Why the CUDA kernels cannot run this backward (or, with ``forward``, this forward; its numerics do not
-    depend on ``psi``) (None when they can). ``mask_kind``: 0 none (causal comes as an index rule), else a
-    mask read in-kernel. Builds the extension on first use."""
-    b, hq, lq, d = q8.shape
-    lk = k8.shape[2]
+    depend on ``psi``) (None when they can): not on a GPU, :func:`call_rules`, or the extension not built.
+    ``mask_kind``: 0 none (causal comes as an index rule), else a mask read in-kernel. Builds the extension on
+    first use."""
     if not q8.is_cuda:
         return "not a CUDA tensor"
+    why = call_rules(q8, k8, mask_kind, psi, dtype16, forward)
+    if why is None and load() is None:
+        return _state["error"]
+    return why
+
+
+def call_rules(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dtype16: torch.dtype,
+               forward: bool = False) -> Optional[str]:
+    """The kernels' rules on a call, whatever the device: numerics, masks, head dims, dtypes, lengths, grid
+    (None when the call keeps them)."""
+    b, hq, lq, d = q8.shape
+    lk = k8.shape[2]
     if psi != "split" and not forward:
         return f"psi={psi!r} (the CUDA kernels have the split numerics)"
     if mask_kind != 0:
@@ -74,8 +85,6 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, mask_kind: int, psi: str, dt
         return f"{lq} queries, {lk} keys (the CUDA kernels need multiples of 16{'' if not forward else ' keys'})"
     if b * hq > 65535:
         return "grid size"
-    if load() is None:
-        return _state["error"]
     return None
 
 

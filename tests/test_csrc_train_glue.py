@@ -1,0 +1,122 @@
+"""The Python side of the CUDA SageBwd kernels (SAGE_COMPILE_INT8_TRAIN_CORE=cuda) on a CPU machine: the forward and
+the psi="split" backward of sage_compile.kernels.int8_train, with the built extension replaced by a PyTorch model of
+its contract (tests/cuda_train_model.py), give the reference's O, LSE and gradients (conventions.md rule 2: the same
+error vs fp32 autograd, far closer to the reference than either is to fp32). That checks what the GPU cannot check
+before its first run: the arguments the glue prepares (units, causal offset, the transposed operands, GQA, the output
+strides of both layouts) and that the model takes exactly the binding's parameters. The prologue, the transposes
+and the backward's preparation kernel run in Triton's interpreter. The kernels themselves are tested on the GPU
+(test_kernel_int8_train_cuda_gpu.py)."""
+import os
+import re
+
+import pytest
+import torch
+from helpers import cos_rel
+
+if torch.cuda.is_available():
+    pytest.skip("GPU machine: the CUDA kernels themselves are tested there", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+import cuda_train_model as M  # noqa: E402
+
+from sage_compile.kernels import cuda_ext  # noqa: E402
+from sage_compile.kernels.int8_train import attention as KA  # noqa: E402
+from sage_compile.kernels.int8_train import cuda  # noqa: E402
+from sage_compile.kernels.int8_train import quantize as KQ  # noqa: E402
+from sage_compile.reference import int8_train as R  # noqa: E402
+
+if not KQ.EMULATE_FP8:
+    pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+CPP_KINDS = {"const at::Tensor&": "T", "at::Tensor&": "T", "double": "f", "bool": "b", "int64_t": "i"}
+
+
+def test_model_takes_the_bindings_parameters():
+    """The model's parameter kinds (tensor, float, bool, int) are the binding's, in order."""
+    with open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]) as f:
+        text = f.read()
+    for name, kinds in M.KINDS.items():
+        params = re.search(rf"\nvoid {name}\((.*?)\) {{", text, re.S).group(1)
+        got = tuple(CPP_KINDS[" ".join(p.split()[:-1])] for p in params.replace("\n", " ").split(","))
+        assert got == kinds, name
+        assert re.search(rf'm\.def\("{name}", &{name},', text), name
+
+
+@pytest.fixture
+def model(monkeypatch):
+    """The CUDA path asked for, its device check skipped (the call rules kept), the model as the built module."""
+    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
+    monkeypatch.setattr(cuda, "unsupported", cuda.call_rules)
+    monkeypatch.setattr(cuda, "load", lambda: M)
+    M.CALLS.clear()
+    return M
+
+
+CASES = {  # (d, causal, B, Hq, Hkv, Lq, Lk, layout, dtype)
+    "d64_causal_gqa": (64, "top_left", 1, 4, 2, 192, 192, "HND", torch.bfloat16),
+    "d128_bottom_right_nhd": (128, "bottom_right", 1, 4, 2, 96, 160, "NHD", torch.float16),  # (H > 1: strides seen)
+    "d64_more_queries_than_keys": (64, "bottom_right", 2, 2, 2, 160, 96, "HND", torch.bfloat16),  # rows see no key
+    "d128_none_ragged": (128, "none", 1, 2, 2, 80, 144, "HND", torch.bfloat16),
+}
+
+
+def _inputs(d, b, hq, hkv, lq, lk, layout, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, do = (torch.randn(b, hq, lq, d, generator=g) for _ in range(2))
+    k = torch.randn(b, hkv, lk, d, generator=g) + 2 * torch.randn(b, hkv, 1, d, generator=g)  # a mean to smooth
+    v = torch.randn(b, hkv, lk, d, generator=g)
+    t = (lambda x: x) if layout == "HND" else (lambda x: x.transpose(1, 2).contiguous())
+    return tuple(t(x).to(dtype) for x in (q, k, v, do))
+
+
+def _fp32_grads(q, k, v, do, causal, layout):
+    t = (lambda x: x) if layout == "HND" else (lambda x: x.transpose(1, 2))
+    qq, kk, vv = (x.detach().float().requires_grad_() for x in (q, k, v))
+    hq, lq, lk = t(qq).shape[1], t(qq).shape[2], t(kk).shape[2]
+    s = t(qq) @ t(kk).repeat_interleave(hq // t(kk).shape[1], 1).transpose(-1, -2) * t(qq).shape[-1] ** -0.5
+    if causal != "none":
+        off = 0 if causal == "top_left" else lk - lq
+        s = s.masked_fill(torch.arange(lk)[None, :] > torch.arange(lq)[:, None] + off, float("-inf"))
+    alive = torch.isfinite(s).any(-1, keepdim=True)
+    o = (torch.softmax(torch.where(alive, s, 0.0), -1) * alive) @ t(vv).repeat_interleave(hq // t(vv).shape[1], 1)
+    return torch.autograd.grad(t(o), (qq, kk, vv), do.float())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_glue_gives_the_reference(name, model):
+    d, causal, b, hq, hkv, lq, lk, layout, dtype = CASES[name]
+    q, k, v, do = _inputs(d, b, hq, hkv, lq, lk, layout, dtype, seed=len(name))
+    got_q, want_q = KQ.quantize(q, k, v, layout), R.quantize(q, k, v, layout)
+    o, lse = KA.forward(*got_q[:6], causal, None, layout, dtype)
+    ro, rlse = R.forward(*want_q[:6], causal, None, layout, dtype)
+    assert o.shape == ro.shape == q.shape and o.dtype == dtype
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(rlse))  # rows without keys: -inf in both
+    fin = torch.isfinite(rlse)
+    assert (lse[fin] - rlse[fin]).abs().max() < 1e-4
+    assert cos_rel(o.float(), ro.float())[1] < 0.01
+    got = KA.backward(*got_q, o, lse, do, causal, None, layout, dtype, psi="split")
+    ref = R.backward(*want_q, ro, rlse, do, causal, None, layout, dtype, psi="split")
+    want = _fp32_grads(q, k, v, do, causal, layout)
+    for n, a, r, w in zip(("dq", "dk", "dv"), got, ref, want):
+        assert a.shape == r.shape == w.shape and a.dtype == dtype and torch.isfinite(a).all(), n
+        ka, kr = cos_rel(a.float(), w), cos_rel(r.float(), w)
+        assert ka[1] <= 1.1 * kr[1] + 1e-3 and ka[0] >= kr[0] - 1e-3, (n, ka, kr)
+        assert cos_rel(a.float(), r.float())[1] < 0.4 * kr[1], (n, cos_rel(a.float(), r.float()), kr)
+    coff = 0 if causal == "top_left" else lk - lq
+    calls = [(c[0], c[3], c[4]) for c in M.CALLS]
+    assert calls == [(f, causal != "none", coff) for f in ("fwd", "dkdv", "dq")], calls  # all three on "CUDA"
+
+
+def test_backward_the_kernels_do_not_take_stays_on_triton(model):
+    """Queries not a multiple of 16: the forward still goes to the kernel, the backward to Triton (the reason
+    logged), with the reference's gradients."""
+    q, k, v, do = _inputs(64, 1, 2, 2, 100, 96, "HND", torch.bfloat16, seed=5)
+    got_q, want_q = KQ.quantize(q, k, v), R.quantize(q, k, v)
+    o, lse = KA.forward(*got_q[:6], "none", None, "HND", torch.bfloat16)
+    got = KA.backward(*got_q, o, lse, do, "none", None, "HND", torch.bfloat16, psi="split")
+    assert [c[0] for c in M.CALLS] == ["fwd"]
+    ro, rlse = R.forward(*want_q[:6], "none", None, "HND", torch.bfloat16)
+    ref = R.backward(*want_q, ro, rlse, do, "none", None, "HND", torch.bfloat16, psi="split")
+    for a, r in zip(got, ref):
+        assert cos_rel(a.float(), r.float())[0] > 0.999
