@@ -66,6 +66,21 @@
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
 #endif
+// SAGE_TRAIN_SMAGIC 1: S (every kernel's q̂·k̂^T) accumulates onto 0x4B400000, the bits of the float 1.5 * 2^23, so
+// that each accumulator read as a float is 1.5 * 2^23 + S exactly (|S| <= 127^2 * 128 < 2^22): no int32 -> fp32
+// conversion (32 I2FP a step). The constant goes into the logits' offset, off - 1.5 * 2^23 * a rounded once (a per
+// row, or in dK / dV per query, shift of a step's logits by at most half an ulp of that offset; the int8_fp8 core's
+// SAGE_SMAGIC). The accumulator is filled by 8 four-word shared-memory loads a step in place of the zero start.
+// Offline: the step loops 24 (forward, dQ) and 8 (dK / dV: 16 offsets a step, one per query of the lane) shorter.
+#ifndef SAGE_TRAIN_SMAGIC
+#define SAGE_TRAIN_SMAGIC 1
+#endif
+// SAGE_TRAIN_LAZY 1: the forward rescales O by alpha only in a warp where some row raised its max in the step (else
+// every alpha is exactly 1 and O * 1 is O: the same bits), the 32 or 64 FMULs a step skipped by a warp-uniform
+// branch; the rescale comes before the wait for PV, beside the tensor cores' work
+#ifndef SAGE_TRAIN_LAZY
+#define SAGE_TRAIN_LAZY 1
+#endif
 
 namespace sage_sm90 {
 namespace train {
@@ -174,14 +189,42 @@ struct Layout : Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4> {
   static constexpr int kL = Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4>::kExtra;
 };
 
-// 8-bit RNE of y (|y| <= 127 plus rounding) in the low byte: the bits of y + 1.5 * 2^23 (an FADD, not an F2I;
-// __fadd_rn is never contracted with the scaling multiply, so y is rounded once, as the Triton kernels' _to_i8)
+// 8-bit RNE of x * r (|x * r| <= 127 plus rounding) in the low byte: the bits of x * r + 1.5 * 2^23, not an F2I.
+// SAGE_TRAIN_FMAROUND 1 (default): one FFMA, the exact product rounded once to an integer; 0: an FMUL and an FADD
+// (__fmul_rn / __fadd_rn, never contracted), the product rounded to fp32 first, as the Triton kernels' _to_i8. The
+// two differ only where x * r lies within ~2^-17 of a half-integer (one value in ~10^5), and then the FFMA's is the
+// correctly rounded one; one instruction less per ψ value (64 a step in dK / dV, 32 in dQ and the forward).
+#ifndef SAGE_TRAIN_FMAROUND
+#define SAGE_TRAIN_FMAROUND 1
+#endif
 __device__ __forceinline__ uint32_t i8_bits(float x, float r) {
+#if SAGE_TRAIN_FMAROUND
+  return static_cast<uint32_t>(__float_as_int(__fmaf_rn(x, r, 12582912.0f)));
+#else
   return static_cast<uint32_t>(__float_as_int(__fadd_rn(__fmul_rn(x, r), 12582912.0f)));
+#endif
 }
 __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
+
+// SAGE_TRAIN_SMAGIC: S's start (four copies of 0x4B400000, set by Ring::init), its accumulator's fill, an accumulator
+// as a float and the logits' offset that goes with it (z = fmaf(s_value(S), a, s_offset(off, a)) = S * a + off)
+__shared__ __align__(16) uint32_t s_magic[4];
+constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+__device__ __forceinline__ void s_fill(uint32_t (&d)[32]) {
+#if SAGE_TRAIN_SMAGIC
+#pragma unroll
+  for (int i = 0; i < 32; i += 4)  // (volatile: one LDS.128 per four registers, not merged or hoisted)
+    asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[i]), "=r"(d[i + 1]), "=r"(d[i + 2]), "=r"(d[i + 3])
+                 : "r"(smem_u32(s_magic)));
+#endif
+}
+__device__ __forceinline__ float s_value(uint32_t s) {
+  return SAGE_TRAIN_SMAGIC ? __uint_as_float(s) : __int2float_rn(static_cast<int>(s));
+}
+__device__ __forceinline__ float s_offset(float off, float a) { return SAGE_TRAIN_SMAGIC ? fmaf(-kMagic, a, off) : off; }
 
 // ψ of a (64 x 64) accumulator-layout tile x (element 4i + 2rh + e: row g + 8rh, column perm_base(i) + 4t + e of
 // the step's operand order) with one scale per row (the row's amax over the quad / 127): the 8-bit A fragments of
@@ -272,6 +315,8 @@ struct Ring {
         mbar_init(&full[s], 1);
         mbar_init(&empty[s], kCW);
       }
+      if (SAGE_TRAIN_SMAGIC)
+        for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -312,11 +357,12 @@ __device__ __forceinline__ void tma_perm_rows(uint8_t* dst, const CUtensorMap* m
     tma_load_4d(dst + r * 8 * row_bytes, map, bar, c0, perm_base(r) & 3, (n0 + (perm_base(r) & ~3)) / 4, bh);
 }
 
-// S (64 x 64, s32) = A (64 x D s8) · B (64 x D s8)^T, both K-major in shared memory at descriptors da, db
+// S (64 x 64, s32) = A (64 x D s8) · B (64 x D s8)^T, both K-major in shared memory at descriptors da, db; with
+// SAGE_TRAIN_SMAGIC onto the accumulator's fill (s_fill, before the wgmma fence), else from zero
 template <int D>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[32], uint64_t da, uint64_t db) {
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da + 2 * kk, db + 2 * kk, kk);
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_s8_ss_n64(sacc, da + 2 * kk, db + 2 * kk, SAGE_TRAIN_SMAGIC ? 1 : kk);
 }
 
 // dP (64 x 64, f32) = A (64 x D, 16-bit) · B (64 x D, 16-bit)^T, each in D / 64 chunks of 64 channels (128-byte
@@ -382,13 +428,14 @@ __device__ __forceinline__ int full_steps(const QueryBlock& q, int wg, const P& 
 template <bool CAUSAL>
 __device__ __forceinline__ void row_logits(float (&z)[32], const uint32_t (&sacc)[32], float a, const float (&off)[2],
                                            bool edge, int n0, int t, int row0, int lk, int coff) {
+  const float o[2] = {s_offset(off[0], a), s_offset(off[1], a)};
 #pragma unroll
   for (int i = 0; i < 8; ++i)
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, off[rh]);
+        float v = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, o[rh]);
         if (edge) {
           const int key = n0 + perm_base(i) + 4 * t + e;
           if (key >= lk || (CAUSAL && key > row0 + 8 * rh + coff)) v = -INFINITY;
@@ -500,6 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       uint32_t sacc[32];
       float dp[32];
+      s_fill(sacc);
       wg_fence();
       issue_s<D>(sacc, da_k, smem_desc<D>(st + L::kQ));
       wg_commit();
@@ -515,11 +563,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 8; ++i) {
         const int q = perm_base(i) + 4 * t;  // this lane's queries q, q + 1 of column group i
         const float2 l2 = *reinterpret_cast<const float2*>(sl + q);
+        const float off[2] = {s_offset(-l2.x, a), s_offset(-l2.y, a)};
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            float z = fmaf(__int2float_rn(static_cast<int>(sacc[4 * i + 2 * rh + e])), a, -(e ? l2.y : l2.x));
+            float z = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, off[e]);
             if (edge) {
               const int qq = m0 + q + e;
               if (qq >= p.lq || (CAUSAL && key0 + 8 * rh > qq + p.coff)) z = -INFINITY;
@@ -664,6 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     uint32_t sacc[32];
     float dp[32];
+    s_fill(sacc);
     wg_fence();
     issue_s<D>(sacc, da_q, smem_desc<D>(st + L::kK));
     wg_commit();
@@ -787,6 +837,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (qb.n_tiles > 0) {
     uint32_t sacc[32];
     ring.wait_full(0);
+    s_fill(sacc);
     wg_fence();
     issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + L::kK));
     wg_commit();
@@ -834,11 +885,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int j1 = more ? j + 1 : j;
       if (more) ring.wait_full(j1);
       uint32_t pv[D / 2];
+      s_fill(sacc);
       wg_fence();
       wgmma_s8_rs<D>(pv, pa[0], smem_desc<64>(st + L::kVT), 0);
       wgmma_s8_rs<D>(pv, pa[1], smem_desc<64>(st + L::kVT) + 2, 1);
       issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
+      // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
+      if (!SAGE_TRAIN_LAZY || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+        for (int x = 0; x < D / 2; ++x) o[x] *= alpha[(x >> 1) & 1];
+      }
       wg_wait0();
       reg_fence(pv);
       reg_fence(sacc);
@@ -851,7 +908,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& acc = o[4 * i + 2 * rh + e];
-            acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc * alpha[rh]);
+            acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc);
           }
     };
     run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);

@@ -15,7 +15,8 @@ from test_csrc import NVCC, sass_functions
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
-                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=1"])
+                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=1",
+                                        "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -78,6 +79,22 @@ def test_sass_has_the_steps_wgmmas(compiled):
         # the exps of P (32 a step; the forward's two rescale factors) and no IEEE-division slow path (FCHK / CALL)
         assert len(re.findall(r"MUFU\.EX2", f)) == (32 + 2 * (kind == "fwd")) * copies, name
         assert "FCHK" not in f and "CALL" not in f, name
+        # int32 -> fp32 conversions a step: the products' folds (D a step in dK / dV, D / 2 in dQ, PV's D / 2) and
+        # dQ's two ψ row sums; S's 32 only without its magic start (SAGE_TRAIN_SMAGIC), whose accumulator fill is
+        # 8 LDS.128 a step (and the forward's first S)
+        magic = "SAGE_TRAIN_SMAGIC=0" not in knobs
+        folds = {"dkdv": d, "dq": d // 2 + 2, "fwd": d // 2}[kind]
+        assert len(re.findall(r"I2FP\.F32\.S32", f)) == (folds + 32 * (not magic)) * copies, name
+        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + (kind == "fwd")) * magic, name
+        # ψ's roundings (64 values a step in dK / dV, 32 in dQ and the forward): one FFMA onto 1.5 * 2^23 each
+        # (SAGE_TRAIN_FMAROUND), else an FMUL and an FADD of 1.5 * 2^23
+        n_psi = (64 if kind == "dkdv" else 32) * copies
+        fma_round = "SAGE_TRAIN_FMAROUND=0" not in knobs
+        assert len(re.findall(r"FFMA R\d+, R\d+, R\d+(?:\.reuse)?, 12582912 ", f)) == n_psi * fma_round, name
+        assert len(re.findall(r"FADD R\d+, R\d+, 12582912 ", f)) == n_psi * (not fma_round), name
+        # the forward's lazy rescale (SAGE_TRAIN_LAZY): one warp vote a step
+        lazy = kind == "fwd" and "SAGE_TRAIN_LAZY=0" not in knobs
+        assert len(re.findall(r"VOTE\.ALL", f)) == copies * lazy, name
 
 
 def test_core_choice_from_the_environment():

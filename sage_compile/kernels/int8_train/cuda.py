@@ -4,8 +4,9 @@
 the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
 dim 64 or 128, no mask other than causal, keys (and for the backward queries) multiples of 16, a 16-bit dtype,
 an sm90 GPU); the quantization prologue and the backward's small preparation kernel stay on Triton. Same
-numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets, fp32 sums in
-another order. The kernels have not yet run on a GPU (built and inspected offline only), which is why they
+numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets (ψ's roundings of the
+exact products, where the Triton kernels round the product to fp32 first: about one value in 10⁵ differs), fp32
+sums in another order. The kernels have not yet run on a GPU (built and inspected offline only), which is why they
 are not the default. The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
 first use (cached by torch under a name that carries the hash of the sources, the shared header and the
 flags); if it cannot be built or loaded, the Triton kernels serve and the reason is logged once and kept in
