@@ -113,6 +113,22 @@ def _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff):
     return p, p * (dp - delta[..., None])
 
 
+def _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16, int8, fp32):
+    """The checks dkdv and dq share (``int8`` / ``fp32``: their own operands of those types, by name); returns
+    ``(b, hq, lq, d, hkv, lk)``."""
+    for n, t in dict(q8=q8, k8=k8, **int8).items():
+        _check(t, torch.int8, 4, n)
+    for n, t in dict(qs=qs, ks=ks, lse2=lse2, delta=delta, **fp32).items():
+        _check(t, torch.float32, 3, n)
+    b, hq, lq, d = q8.shape
+    hkv, lk = k8.shape[1], k8.shape[2]
+    _check(v16, v16.dtype, 4, "v16"), _check(do16, v16.dtype, 4, "do16")
+    assert v16.dtype in (torch.bfloat16, torch.float16) and v16.shape == k8.shape and do16.shape == q8.shape
+    assert d in (64, 128) and hq % hkv == 0 and lse2.shape == delta.shape == (b, hq, lq)
+    _scales(qs, b, hq, lq, 128, "qs"), _scales(ks, b, hkv, lk, 64, "ks")
+    return b, hq, lq, d, hkv, lk
+
+
 def _sum_group(x, hkv):
     return x.unflatten(1, (hkv, x.shape[1] // hkv)).sum(2)
 
@@ -120,17 +136,10 @@ def _sum_group(x, hkv):
 def dkdv(*args):
     _kinds("dkdv", args)
     q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args
-    for t, n in ((q8, "q8"), (q8t, "q8t"), (k8, "k8"), (do8t, "do8t")):
-        _check(t, torch.int8, 4, n)
-    for t, n in ((qs, "qs"), (ks, "ks"), (sdo, "sdo"), (lse2, "lse2"), (delta, "delta")):
-        _check(t, torch.float32, 3, n)
-    b, hq, lq, d = q8.shape
-    hkv, lk = k8.shape[1], k8.shape[2]
-    _check(v16, v16.dtype, 4, "v16"), _check(do16, v16.dtype, 4, "do16")
-    assert v16.dtype in (torch.bfloat16, torch.float16) and v16.shape == k8.shape and do16.shape == q8.shape
-    assert d in (64, 128) and lq % 16 == 0 and hq % hkv == 0
-    assert q8t.shape == do8t.shape == (b, hq, d, lq) and lse2.shape == delta.shape == (b, hq, lq)
-    _scales(qs, b, hq, lq, 128, "qs"), _scales(sdo, b, hq, lq, 128, "sdo"), _scales(ks, b, hkv, lk, 64, "ks")
+    b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16,
+                                           int8=dict(q8t=q8t, do8t=do8t), fp32=dict(sdo=sdo))
+    assert lq % 16 == 0 and q8t.shape == do8t.shape == (b, hq, d, lq)
+    _scales(sdo, b, hq, lq, 128, "sdo")
     assert dk.dtype == dv.dtype == v16.dtype and dk.stride() == dv.stride()
     CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff))
     p, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
@@ -145,17 +154,9 @@ def dkdv(*args):
 def dq(*args):
     _kinds("dq", args)
     q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son = args
-    for t, n in ((q8, "q8"), (k8, "k8"), (k8t, "k8t")):
-        _check(t, torch.int8, 4, n)
-    for t, n in ((qs, "qs"), (ks, "ks"), (kmean, "kmean"), (lse2, "lse2"), (delta, "delta")):
-        _check(t, torch.float32, 3, n)
-    b, hq, lq, d = q8.shape
-    hkv, lk = k8.shape[1], k8.shape[2]
-    _check(v16, v16.dtype, 4, "v16"), _check(do16, v16.dtype, 4, "do16")
-    assert v16.dtype in (torch.bfloat16, torch.float16) and v16.shape == k8.shape and do16.shape == q8.shape
-    assert d in (64, 128) and lk % 16 == 0 and hq % hkv == 0
-    assert k8t.shape == (b, hkv, d, lk) and kmean.shape == (b, hkv, d) and lse2.shape == delta.shape == (b, hq, lq)
-    _scales(qs, b, hq, lq, 128, "qs"), _scales(ks, b, hkv, lk, 64, "ks")
+    b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16, int8=dict(k8t=k8t),
+                                           fp32=dict(kmean=kmean))
+    assert lk % 16 == 0 and k8t.shape == (b, hkv, d, lk) and kmean.shape == (b, hkv, d)
     assert dq_.dtype == v16.dtype
     CALLS.append(("dq", tuple(q8.shape), tuple(k8.shape), causal, coff))
     _, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
