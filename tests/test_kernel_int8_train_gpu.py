@@ -51,6 +51,19 @@ def test_prologue_bit_identical_on_gpu():
         assert torch.equal(bits(a), bits(b)), name
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backward_v16_bit_identical_on_gpu(dtype):
+    """The backward's V̂ in 16 bits (one Triton pass): the bits of the reference's dequantization cast."""
+    KQ, _ = _k()
+    from sage_compile.reference.quant import dequant_int8
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-127, 128, (2, 3, 1000, 128), generator=g, dtype=torch.int8)
+    s = torch.rand(2, 3, 16, generator=g) * 3.7
+    y = KQ.dequant_16(x.cuda(), s.cuda(), 64, dtype).cpu()
+    assert torch.equal(y, dequant_int8(x, s, 64).to(dtype))
+
+
 @pytest.mark.parametrize("psi", ["tile", "split"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])

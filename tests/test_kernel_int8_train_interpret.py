@@ -177,3 +177,19 @@ def test_tokens_last_is_the_transpose(shape):
     assert y.shape == (*shape[:2], shape[3], shape[2]) and y.is_contiguous()
     assert torch.equal(y, x.transpose(2, 3))
     assert torch.equal(KQ.tokens_last(x[:, :, :5]), x[:, :, :5].transpose(2, 3))  # a non-contiguous input
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 3, 130, 64), (1, 2, 77, 80)])
+def test_dequant_16_is_torchs_bit_for_bit(shape, dtype):
+    """V̂ in the 16-bit type for the backward's dP in one pass: the bits of the reference's dequantization cast,
+    ragged N, scales that round (and a zero block)."""
+    from sage_compile.reference.quant import dequant_int8
+
+    g = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    s = torch.rand(*shape[:2], -(-shape[2] // 64), generator=g) * 3.7
+    s[0, 0, 0] = 0.0
+    y = KQ.dequant_16(x, s, 64, dtype)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(bits(y), bits(dequant_int8(x, s, 64).to(dtype)))

@@ -30,9 +30,8 @@ import triton.language as tl
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
-from ...reference.quant import dequant_int8
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
-from .quantize import BLOCK_KV, BLOCK_Q, tokens_last
+from .quantize import BLOCK_KV, BLOCK_Q, dequant_16, tokens_last
 
 LOG2E = 1.4426950408889634
 _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
@@ -533,7 +532,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
     q8t, k8t = tokens_last(q8), tokens_last(k8)
     # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
-    v16 = dequant_int8(v8, vs, BLOCK_KV).to(do16.dtype)
+    v16 = dequant_16(v8, vs, BLOCK_KV, do16.dtype)
     dkdv_args = (q8, q8t, qs, k8, ks, v16, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
                  *bhn_strides(dk, layout), *common)
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,

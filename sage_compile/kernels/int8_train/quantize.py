@@ -72,6 +72,39 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@triton.jit
+def _dequant_16(X, S, Y, N, NBLK, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                RNE_BF16: tl.constexpr):
+    """One scale block (BLOCK_N tokens x D) of head bh of X (B*H, N, D) int8: the values times the block's scale
+    (fp32), rounded once to Y's 16-bit type (to nearest even; RNE_BF16: by hand to bf16's bits first, for the
+    interpreter, whose cast to bf16 truncates)."""
+    pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    m = (rn[:, None] < N) & (rd[None, :] < D)
+    off = (bh * N + rn[:, None]) * D + rd[None, :]
+    x = tl.load(X + off, mask=m, other=0).to(tl.float32)
+    y = x * tl.load(S + bh * NBLK + pid)
+    if RNE_BF16:
+        b = y.to(tl.int32, bitcast=True)
+        y = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    tl.store(Y + off, y.to(Y.dtype.element_ty), mask=m)
+
+
+def dequant_16(x8: torch.Tensor, scale: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
+    """``x8`` (B, H, N, D) int8 with one fp32 scale per ``block`` tokens (B, H, ceil(N/block)) as (B, H, N, D) in
+    the 16-bit ``dtype``: the bits of ``dequant_int8(x8, scale, block).to(dtype)`` in one pass (torch's takes four
+    element-wise kernels and an fp32 copy; the backward's V̂ for dP = dO·V̂^T)."""
+    x8, scale = x8.contiguous(), scale.contiguous()
+    b, h, n, d = x8.shape
+    y = torch.empty((b, h, n, d), dtype=dtype, device=x8.device)
+    if x8.numel():
+        _dequant_16[(triton.cdiv(n, block), b * h)](x8, scale, y, n, scale.shape[-1], d, BLOCK_N=block,
+                                                    BLOCK_D=max(16, triton.next_power_of_2(d)),
+                                                    RNE_BF16=EMULATE_FP8 and dtype == torch.bfloat16, num_warps=4)
+    return y
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
     """Same contract as :func:`sage_compile.reference.int8_train.quantize`: ``(q8, qs, k8, ks, v8, vs,
     k_mean (B,Hkv,1,D))``; inputs are never modified (NHD is read in place through strides)."""
