@@ -44,7 +44,7 @@
 #endif
 // SAGE_TRAIN_PARTS (bits: 1 the dV product, 2 the dK product) at hd128: in two column halves, each waited for and
 // folded before the next (an int32 product of 32 registers instead of 64). Offline: with both whole, ptxas spills
-// 20-52 bytes in each hd128 kernel; the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
+// 20-52 bytes in each hd128 kernel (52-84 with SAGE_TRAIN_EDGELOOP); the dK product in halves (2, the default) spills nothing; 1 or 3 spill 16-304.
 #ifndef SAGE_TRAIN_PARTS
 #define SAGE_TRAIN_PARTS 2
 #endif
@@ -56,11 +56,13 @@
 #ifndef SAGE_TRAIN_DQ_PARTS
 #define SAGE_TRAIN_DQ_PARTS 0
 #endif
-// SAGE_TRAIN_EDGELOOP 1: the steps that need no mask (causal diagonal, the ragged ends) run in loops of their own,
-// without the masking code that ptxas otherwise predicates into every step (~40-70 instructions a step offline);
-// 0: one loop with the mask under a runtime test
+// SAGE_TRAIN_EDGELOOP 1 (default): the steps that need no mask (all but the causal diagonal and the ragged ends) run
+// in a loop of their own, without the masking code that ptxas otherwise predicates into every step (~40-70
+// instructions a step offline); 0: one loop with the mask under a runtime test. H200 run 82 (hd128, 16K, B=2 x 16
+// heads, benchmarks/results/train_variants_run82_*): forward 9.42 -> 8.42 ms, backward 26.03 -> 25.52 ms; causal
+// 5.31 -> 4.49 and 14.14 -> 12.81; hd64 7.92 -> 7.17 and 19.08 -> 18.10; the same outputs bit for bit
 #ifndef SAGE_TRAIN_EDGELOOP
-#define SAGE_TRAIN_EDGELOOP 0
+#define SAGE_TRAIN_EDGELOOP 1
 #endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES

@@ -15,7 +15,7 @@ from test_csrc import NVCC, sass_functions
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
-                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=1",
+                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
@@ -38,8 +38,9 @@ def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
                      r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
     assert len(per) == 24, per  # forward, dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
     for kind, d, causal, st, ld in per:
-        # dK/dV's two int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 20-52 bytes; the default halves dK's: none
-        limit = 64 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
+        # dK/dV's two int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 52-84 bytes (20-52 with one loop); the
+        # default halves dK's: none
+        limit = 96 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
         assert int(st) <= limit and int(ld) <= limit, (knobs, d, causal, st, ld)
     for code in ("C7508", "C7510", "C7511", "C7519", "C7520"):  # setmaxnreg ignored; wgmmas serialized or fenced
         assert code not in r.stderr, (code, knobs)
@@ -56,7 +57,8 @@ def test_sass_has_the_steps_wgmmas(compiled):
         fp16 = "6__half" in name
         # per step: S (D / 32 s8 k-steps, n64; the forward's first S before its loop too), dP (D / 16 16-bit
         # k-steps; not in the forward), then PV, dV and dK, or dQ (two k-steps each, in one n128 / n64 wgmma per
-        # channel part); with SAGE_TRAIN_EDGELOOP the step's code stands in 2 or 3 loops (masked / not), else in one
+        # channel part); with SAGE_TRAIN_EDGELOOP (default) the step's code stands in 2 or 3 loops (masked / not),
+        # else in one
         rs = re.findall(r"IGMMA\.64x(\d+)x32\.S8\.S8 R\d+, R\d+, gdesc", f)
         if kind == "fwd":
             want = [str(d)] * 2
@@ -67,7 +69,7 @@ def test_sass_has_the_steps_wgmmas(compiled):
             halves = d == 128 and "SAGE_TRAIN_DQ_PARTS=1" in knobs
             want = [str(d // 2 if halves else d)] * (4 if halves else 2)
         copies = len(rs) // len(want)
-        assert copies in ((2, 3) if "SAGE_TRAIN_EDGELOOP=1" in knobs else (1,)), (name, copies)
+        assert copies in ((1,) if "SAGE_TRAIN_EDGELOOP=0" in knobs else (2, 3)), (name, copies)
         assert sorted(rs) == sorted(want * copies), (name, rs)
         n_s = d // 32 * (copies + (kind == "fwd"))
         assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == n_s, name
