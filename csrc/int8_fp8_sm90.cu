@@ -125,20 +125,23 @@
 #ifndef SAGE_PVLAG
 #define SAGE_PVLAG 0
 #endif
-// SAGE_WGSHFL 1: the consumer's warpgroup index comes through a shuffle from lane 0, so that ptxas knows it is
-// warp-uniform (as SAGE_PVLAG and the exp ring always do): Q's descriptor and the named-barrier ids move to uniform
-// registers. Offline SASS: the tile loops 7-11 instructions shorter (hd64 448 -> 441, causal 656 -> 645, hd128
-// 495 -> 484, causal 692 -> 681) and no kernel spills (the causal hd64 ones spill 16 bytes without it); with
-// SAGE_PVLAG it takes hd128's spills from 12-36 bytes to 0-4. Off by default: not yet timed on the H200.
+// SAGE_WGSHFL 1 (default): the consumer's warpgroup index comes through a shuffle from lane 0, so that ptxas knows
+// it is warp-uniform (as SAGE_PVLAG and the exp ring always do): Q's descriptor and the named-barrier ids move to
+// uniform registers. Offline SASS: the tile loops 7-11 instructions shorter (hd64 448 -> 441, causal 656 -> 645,
+// hd128 495 -> 484, causal 692 -> 681) and no kernel spills (the causal hd64 ones spill 16 bytes without it); with
+// SAGE_PVLAG it takes hd128's spills from 12-36 bytes to 0-4. H200 run 84 (2 x 30 heads, kernel only,
+// benchmarks/results/cuda_variants_run84_*): hd64 561-562 -> 624 TOPS at 17,776 tokens, 515-516 -> 557 at 4K,
+// causal 16K 537-540 -> 570; hd128 within its spread (16K 853-860 -> 853).
 #ifndef SAGE_WGSHFL
-#define SAGE_WGSHFL 0
+#define SAGE_WGSHFL 1
 #endif
-// SAGE_IMAX 1 (with S's magic start): the row max over the logits' bits as int32 (1.5 * 2^23 + S is a positive
-// float, a masked logit -inf, negative as int32, so the int order is the float order), where sm90 has a
+// SAGE_IMAX 1 (default; with S's magic start): the row max over the logits' bits as int32 (1.5 * 2^23 + S is a
+// positive float, a masked logit -inf, negative as int32, so the int order is the float order), where sm90 has a
 // three-input max (VIMNMX3) and the float max has two inputs (FMNMX): the same maxima in about half the
-// instructions. Off by default: not yet timed on the H200.
+// instructions. Run 84, with SAGE_WGSHFL: hd64 631 TOPS at 17,776 tokens, 564 at 4K, causal 567; hd128 16K 869,
+// 8K 845 (819-835), 4K 805 (783-790), causal 820 (815-826); the CUDA core's GPU tests 36/36 (run 85).
 #ifndef SAGE_IMAX
-#define SAGE_IMAX 0
+#define SAGE_IMAX 1
 #endif
 
 // SAGE_EDGELOOP (bits: 1 the non-causal kernels, 2 the causal ones): the tiles that need no key mask run in a
