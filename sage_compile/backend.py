@@ -35,6 +35,8 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
     graph._sage_compile_graph_prologue = any(d.prologue == "graph" for d in decisions if d.scheme)
     if any(d.scheme == "int8_fp8" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
         _prebuild_cuda_core()
+    if any(d.scheme == "int8_train" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
+        _prebuild_train_kernels()
     return debug.record(before, graph.python_code("self").src, sites, decisions, cfg.dump_dir)
 
 
@@ -44,6 +46,15 @@ def _prebuild_cuda_core() -> None:
     if _config.int8_fp8_core() == "triton" or not _compat.triton_available():
         return
     from .kernels.int8_fp8 import cuda
+
+    cuda.prebuild()
+
+
+def _prebuild_train_kernels() -> None:
+    """The same for the CUDA SageBwd kernels (``int8_train``), unless ``SAGE_COMPILE_INT8_TRAIN_CORE=triton``."""
+    if _config.int8_train_core() == "triton" or not _compat.triton_available():
+        return
+    from .kernels.int8_train import cuda
 
     cuda.prebuild()
 

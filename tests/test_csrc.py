@@ -352,6 +352,34 @@ def test_build_name_follows_the_sources(tmp_path):
     assert cuda_ext._build_name([str(a)], f) != cuda_ext._build_name([str(a)], cuda_ext.cuda_flags(("-DSAGE_KPERM=0",)))
 
 
+def test_builds_in_two_threads_each_see_sm90a(monkeypatch):
+    """The backend's background builds of both extensions may overlap: each build sees TORCH_CUDA_ARCH_LIST=9.0a
+    for its whole length, and the caller's value comes back after both."""
+    import time
+
+    from torch.utils import cpp_extension
+
+    from sage_compile.kernels import cuda_ext
+
+    seen = []
+
+    def fake_load(**kw):
+        seen.append(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+        time.sleep(0.05)
+        seen.append(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+        return kw["name"]
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    threads = [threading.Thread(target=cuda_ext.build_extension, args=(p, s))
+               for p, s in (("a", ("int8_fp8_sm90.cu",)), ("b", ("int8_train_sm90.cu",)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == ["9.0a"] * 4 and os.environ["TORCH_CUDA_ARCH_LIST"] == "8.0"
+
+
 def test_flags_from_the_environment(monkeypatch):
     from sage_compile.kernels import cuda_ext
 

@@ -102,10 +102,11 @@ def test_sass_has_the_steps_wgmmas(compiled):
 def test_core_choice_from_the_environment():
     from sage_compile.config import int8_train_core
 
-    assert int8_train_core({}) == "triton"
+    assert int8_train_core({}) == "auto"
     assert int8_train_core({"SAGE_COMPILE_INT8_TRAIN_CORE": " CUDA "}) == "cuda"
+    assert int8_train_core({"SAGE_COMPILE_INT8_TRAIN_CORE": "triton"}) == "triton"
     with pytest.raises(ValueError, match="SAGE_COMPILE_INT8_TRAIN_CORE"):
-        int8_train_core({"SAGE_COMPILE_INT8_TRAIN_CORE": "auto"})
+        int8_train_core({"SAGE_COMPILE_INT8_TRAIN_CORE": "fast"})
 
 
 def test_unsupported_calls_name_the_reason(monkeypatch):
@@ -120,6 +121,9 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
             (q8[:, :, :40], "split", 0, torch.bfloat16, "40 queries"), (q8, "split", 0, torch.bfloat16, "")]
     # the forward: any psi, any query count; keys still multiples of 16
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert "sm90" in cuda.unsupported(q8, k8, 0, "split", torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     assert "40 keys" in cuda.unsupported(q8[:, :, :40], k8[:, :, :40], 0, "tile", torch.bfloat16, forward=True)
     k_odd = k8[:, :, :40]
     for q, psi, kind, dt, why in meta:
@@ -131,22 +135,53 @@ def test_unsupported_calls_name_the_reason(monkeypatch):
 
 
 def test_backward_asks_for_the_cuda_kernel_only_when_told(monkeypatch, caplog):
-    """Default: the Triton kernels, the CUDA kernels never loaded; SAGE_COMPILE_INT8_TRAIN_CORE=cuda where they
-    cannot run: the reason logged once, and the Triton kernels serve."""
+    """``triton``: the CUDA kernels never looked at; ``auto`` (default) where they cannot run: the Triton kernels,
+    the reason at debug level, once; ``cuda``: the same with a warning (asked for, not given)."""
     from sage_compile.kernels.int8_train import attention as A
     from sage_compile.kernels.int8_train import cuda
 
-    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
     q8, k8 = torch.zeros(1, 2, 64, 64, dtype=torch.int8), torch.zeros(1, 1, 64, 64, dtype=torch.int8)
-    monkeypatch.delenv("SAGE_COMPILE_INT8_TRAIN_CORE", raising=False)
-    assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
-    assert cuda._state["tried"] is False  # not even built
-    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
-    with caplog.at_level(logging.WARNING, logger="sage_compile"):
-        assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
-        assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
-    notes = [r.getMessage() for r in caplog.records if "int8_train on the Triton kernels" in r.getMessage()]
-    assert notes == ["sage_compile: int8_train on the Triton kernels, not the CUDA ones: not a CUDA tensor"]
+    why = "sage_compile: int8_train on the Triton kernels, not the CUDA ones: not a CUDA tensor"
+    for core, level in (("triton", None), ("", logging.DEBUG), ("cuda", logging.WARNING)):
+        monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
+        monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="sage_compile"):
+            assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
+            assert A._use_cuda(q8, k8, 0, "split", torch.bfloat16) is False
+        assert cuda._state["tried"] is False  # never built for a CPU tensor
+        notes = [(r.levelno, r.getMessage()) for r in caplog.records if "int8_train on the" in r.getMessage()]
+        assert notes == ([] if level is None else [(level, why)]), (core, notes)
+
+
+def test_prebuild_only_on_sm90_and_from_the_backend(monkeypatch):
+    """The build starts in a daemon thread on an sm90 GPU (once), not elsewhere; the backend asks for it when it
+    replaced an int8_train site on CUDA, unless SAGE_COMPILE_INT8_TRAIN_CORE=triton."""
+    import threading
+
+    from sage_compile import backend
+    from sage_compile.kernels.int8_train import cuda
+
+    monkeypatch.setattr(cuda, "_state", cuda.fresh_state())
+    monkeypatch.setattr(cuda, "_prebuild", {"thread": None})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    cuda.prebuild()
+    assert cuda._prebuild["thread"] is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    built = []
+    monkeypatch.setattr(cuda, "build", lambda: built.append(threading.current_thread().name) or "module")
+    cuda.prebuild()
+    cuda.prebuild()
+    cuda._prebuild["thread"].join(10)
+    assert built == ["sage_compile-train-build"] and cuda.load() == "module"
+    asked = []
+    monkeypatch.setattr(cuda, "prebuild", lambda: asked.append(1))
+    for core, want in (("triton", []), ("auto", [1])):
+        monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
+        asked.clear()
+        backend._prebuild_train_kernels()
+        assert asked == want, core
 
 
 def test_build_name_follows_the_shared_header(monkeypatch, tmp_path):

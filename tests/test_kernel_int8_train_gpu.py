@@ -1,6 +1,8 @@
 """int8_train (SageBwd) Triton kernels on the GPU: bit-identical prologue, forward/backward vs the reference
 (error ratio), issue 5's gradient goals vs fp32 autograd on gaussian inputs (outlier inputs reported),
-poisoned outputs, and a compiled model training through backend="sage" on the kernels."""
+poisoned outputs, and a compiled model training through backend="sage" on the kernels. The Triton kernels are
+pinned (SAGE_COMPILE_INT8_TRAIN_CORE=triton; the default sends supported calls to the CUDA kernels, tested in
+test_kernel_int8_train_cuda_gpu.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,6 +11,11 @@ from helpers import bits, cos_rel, llm_step, outlier_inputs, poison_cuda_cache
 import sage_compile
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _triton_kernels(monkeypatch):
+    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "triton")
 
 
 def _k():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from importlib import resources
 
 import torch
@@ -14,6 +15,9 @@ import torch
 log = logging.getLogger("sage_compile")
 
 HEADERS = ("sm90_common.cuh",)  # included by the sources: part of every build's hash
+# one build at a time: each sets TORCH_CUDA_ARCH_LIST for its build and restores it after, so two at once (the
+# backend's background builds of both extensions) could see each other's restore and build for plain sm_90
+_build_lock = threading.Lock()
 CUDA_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
 
 
@@ -47,17 +51,18 @@ def build_extension(prefix: str, sources: tuple, extra: tuple = ()):
     from torch.utils import cpp_extension
 
     paths, flags = source_paths(sources), cuda_flags(extra)
-    old = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
-    try:
-        return cpp_extension.load(name=_build_name(paths + source_paths(HEADERS), flags, prefix), sources=paths,
-                                  extra_cuda_cflags=list(flags), extra_cflags=["-O3"],
-                                  verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
-    finally:
-        if old is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = old
+    with _build_lock:
+        old = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"  # torch's own -gencode list: sm_90a only
+        try:
+            return cpp_extension.load(name=_build_name(paths + source_paths(HEADERS), flags, prefix), sources=paths,
+                                      extra_cuda_cflags=list(flags), extra_cflags=["-O3"],
+                                      verbose=os.environ.get("SAGE_COMPILE_VERBOSE_BUILD") == "1")
+        finally:
+            if old is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
 def load_once(state: dict, lock, build_fn, what: str):

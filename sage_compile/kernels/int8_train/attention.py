@@ -436,17 +436,18 @@ def _dkdv_parts(d):
 
 def _use_cuda(q8, k8, mask_kind: int, psi: str, dtype16, forward: bool = False) -> bool:
     """Whether the CUDA sm90 kernels compute this backward (dQ, dK, dV), or with ``forward`` this forward
-    (``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` and they support the call; where they do not, the reason is logged
-    once and the Triton kernels serve)."""
+    (``SAGE_COMPILE_INT8_TRAIN_CORE`` ``auto`` or ``cuda`` and they support the call; where they do not, the
+    Triton kernels serve and the reason is logged once: a warning where ``cuda`` asked for them)."""
     from ...config import int8_train_core
 
-    if int8_train_core() != "cuda":
+    core = int8_train_core()
+    if core == "triton":
         return False
     from . import cuda as train_cuda
 
     why = train_cuda.unsupported(q8, k8, mask_kind, psi, dtype16, forward)
     if why is not None:
-        train_cuda.note_fallback(why)
+        train_cuda.note_fallback(why, asked=core == "cuda")
     return why is None
 
 
