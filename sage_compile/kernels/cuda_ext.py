@@ -65,6 +65,16 @@ def build_extension(prefix: str, sources: tuple, extra: tuple = ()):
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old
 
 
+def start_prebuild(state: dict, lock, holder: dict, load_fn, name: str) -> None:
+    """Start ``load_fn`` in a daemon thread called ``name``, once per ``state`` (its ``tried``) and ``holder``
+    (its ``thread``): nothing where the load already ran or a thread already started."""
+    with lock:
+        if state["tried"] or holder["thread"] is not None:
+            return
+        holder["thread"] = threading.Thread(target=load_fn, name=name, daemon=True)
+        holder["thread"].start()
+
+
 def load_once(state: dict, lock, build_fn, what: str):
     """``build_fn()`` once per ``state`` (its ``tried``, ``module``, ``error``) under ``lock``: on a device
     of compute capability 9.0 only; any failure is logged once as ``what`` with the reason (kept in

@@ -33,7 +33,7 @@ from typing import Optional
 
 import torch
 
-from ..cuda_ext import HEADERS, build_extension, cuda_flags, load_once
+from ..cuda_ext import HEADERS, build_extension, cuda_flags, load_once, start_prebuild
 from ..cuda_ext import source_paths as _source_paths
 
 log = logging.getLogger("sage_compile")
@@ -71,13 +71,8 @@ def build(extra: tuple = ()):
 def prebuild() -> None:
     """Start :func:`load` in a daemon thread (once per process; nothing where it already ran), so that the
     build overlaps the caller's work (the backend: Dynamo and Inductor compiling the graph)."""
-    if not torch.cuda.is_available():
-        return
-    with _lock:
-        if _state["tried"] or _prebuild["thread"] is not None:
-            return
-        _prebuild["thread"] = threading.Thread(target=load, name=_PREBUILD_THREAD, daemon=True)
-        _prebuild["thread"].start()
+    if torch.cuda.is_available():
+        start_prebuild(_state, _lock, _prebuild, load, _PREBUILD_THREAD)
 
 
 def load():

@@ -473,7 +473,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
     v8t = tokens_last(v8)
     if lq > 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
-        from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: the sm90 kernel
+        from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
 
         train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, causal, c, (sob, soh, son))
         return out, lse
@@ -539,7 +539,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
                *bhn_strides(dq, layout), *common)
     if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
-        from . import cuda as train_cuda  # SAGE_COMPILE_INT8_TRAIN_CORE=cuda: dK, dV and dQ from the sm90 kernels
+        from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
         lse2 = train_cuda.lse_log2(lse)
         train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal, sm,

@@ -1,16 +1,15 @@
-"""The CUDA sm90 kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use where asked.
+"""The CUDA sm90 kernels of ``int8_train`` (``csrc/int8_train_sm90.cu``): built at first use on an sm90 GPU.
 
 ``SAGE_COMPILE_INT8_TRAIN_CORE`` (:func:`sage_compile.config.int8_train_core`) ``auto`` (default) or ``cuda`` sends
 the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
 dim 64 or 128, no mask other than causal, keys (and for the backward queries) multiples of 16, a 16-bit dtype,
 an sm90 GPU); the quantization prologue and the backward's small preparation kernels stay on Triton. The
 backend starts their build in a background thread (:func:`prebuild`) when it rewrites a CUDA ``int8_train``
-site. Same
-numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets (ψ's roundings of the
-exact products, where the Triton kernels round the product to fp32 first: about one value in 10⁵ differs), fp32
-sums in another order. H200 (runs 82-83, benchmarks/results/train_*_run8[23]_*): 24/24 GPU tests; forward + backward at
-hd128 16K 447 TFLOPS vs cuDNN's 555 (0.81x; the Triton kernels 310, 0.56x). The extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on
-first use (cached by torch under a name that carries the hash of the sources, the shared header and the
+site. Same numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets (ψ's
+roundings of the exact products, where the Triton kernels round the product to fp32 first: about one value in
+10⁵ differs), fp32 sums in another order. H200 (runs 82-83, benchmarks/results/train_*_run8[23]_*): 24/24 GPU
+tests; forward + backward at hd128 16K 447 TFLOPS vs cuDNN's 555 (0.81x; the Triton kernels 310, 0.56x). The
+extension is compiled with ninja through :func:`torch.utils.cpp_extension.load` on first use (cached by torch under a name that carries the hash of the sources, the shared header and the
 flags); if it cannot be built or loaded, the Triton kernels serve and the reason is logged once and kept in
 :func:`status`.
 """
@@ -22,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ..cuda_ext import build_extension, load_once
+from ..cuda_ext import build_extension, load_once, start_prebuild
 from .attention import LOG2E
 
 log = logging.getLogger("sage_compile")
@@ -106,13 +105,8 @@ def note_fallback(why: str, asked: bool = True) -> None:
 def prebuild() -> None:
     """Start :func:`load` in a daemon thread on an sm90 GPU (once per process), so that nvcc runs while the
     backend's caller compiles the graph (the first training step would wait for it otherwise)."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        return
-    with _lock:
-        if _state["tried"] or _prebuild["thread"] is not None:
-            return
-        _prebuild["thread"] = threading.Thread(target=load, name="sage_compile-train-build", daemon=True)
-        _prebuild["thread"].start()
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        start_prebuild(_state, _lock, _prebuild, load, "sage_compile-train-build")
 
 
 def forward(q8, qs, k8, ks, v8t, vs, out, lse, causal: str, c: float, out_strides: tuple, module=None) -> None:
