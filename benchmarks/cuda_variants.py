@@ -31,6 +31,11 @@ def _build(job: tuple) -> str:
     return f"{flags or '(default)'}: built in {time.time() - t0:.0f} s"
 
 
+def parse_variants(spec: str) -> list[tuple[str, str]]:
+    """``"name=flags;name=flags"`` (flags may be empty) as ``[(name, flags), ...]``."""
+    return [tuple(x.split("=", 1)) for x in spec.split(";") if x]
+
+
 def build_variants(module: str, variants: list) -> dict:
     """``{name: extension}`` of the build variants ``[(name, flags)]`` of ``module`` (a module with a
     ``build(extra_flags)``), compiled in parallel first (one process each), then loaded here."""
@@ -61,7 +66,7 @@ def main():
     p.add_argument("--out", default=None)
     p.add_argument("--best-to", default=None, help="write the flags of the fastest variant on the first shape here")
     a = p.parse_args()
-    variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
+    variants = parse_variants(a.variants)
     mods = build_variants("sage_compile.kernels.int8_fp8.cuda", variants)
     base = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),

@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cuda_variants import build_variants  # noqa: E402
+from cuda_variants import build_variants, parse_variants  # noqa: E402
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    variants = [tuple(x.split("=", 1)) for x in a.variants.split(";") if x]
+    variants = parse_variants(a.variants)
     mods = build_variants("sage_compile.kernels.int8_train.cuda", variants)
     base = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                 commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),

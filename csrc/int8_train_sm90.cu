@@ -333,6 +333,19 @@ struct Ring {
   __device__ void release(int j) const { mbar_arrive_one(&empty[j % STAGES]); }  // this consumer warp is done
 };
 
+// The producer lane's loads of steps [0, n) (the dQ kernel and the forward): each step's stage once every consumer
+// warp released it, its full barrier expecting the stage's bytes; load(stage, bar, j) issues the TMA loads
+template <int STAGES, typename Load>
+__device__ __forceinline__ void produce_steps(const Ring<STAGES>& ring, uint8_t* stage0, int stage_bytes, int n,
+                                              Load&& load) {
+  for (int j = 0; j < n; ++j) {
+    uint64_t* bar = ring.acquire(j);
+    uint8_t* st = stage0 + (j % STAGES) * stage_bytes;
+    mbar_expect_tx(bar, stage_bytes);
+    load(st, bar, j);
+  }
+}
+
 // The producer warpgroup gives its registers to the consumers; true in the one lane that issues the TMA loads.
 __device__ __forceinline__ bool producer_lane() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -671,15 +684,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, ring.first, 64 * c, qb.m0, qb.bh);
-      for (int j = 0; j < qb.n_tiles; ++j) {
-        uint64_t* bar = ring.acquire(j);
-        uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
-        mbar_expect_tx(bar, L::kStageBytes);
+      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
 #pragma unroll
         for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, j * kBM, qb.bhk, 128);
         tma_load_3d(st + L::kKT, &tm_kt, bar, j * kBM, 0, qb.bhk);
-      }
+      });
     }
     return;
   }
@@ -813,13 +823,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch(&tm_vt);
       mbar_expect_tx(ring.first, L::kQBytes);
       tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
-      for (int j = 0; j < qb.n_tiles; ++j) {
-        uint64_t* bar = ring.acquire(j);
-        uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
-        mbar_expect_tx(bar, L::kStageBytes);
+      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
         tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
-      }
+      });
     }
     return;
   }
