@@ -163,13 +163,17 @@ def test_gradient_goal_on_the_cuda_kernels(d, causal, monkeypatch):
         assert c >= 0.998, (n, res[n])
 
 
-def test_compiled_llm_trains_on_the_cuda_kernels(monkeypatch):
+@pytest.mark.parametrize("core", ["cuda", None], ids=["cuda", "default"])
+def test_compiled_llm_trains_on_the_cuda_kernels(core, monkeypatch):
     """TinyLlama (causal GQA, head dim 64, 512 tokens) trained through backend="sage"
-    with kernel="int8_train" and SAGE_COMPILE_INT8_TRAIN_CORE=cuda: every site's forward and backward run on the
-    CUDA kernels (counted); loss and gradients close to exact."""
+    with kernel="int8_train", SAGE_COMPILE_INT8_TRAIN_CORE=cuda and unset (the default, ``auto``): every site's
+    forward and backward run on the CUDA kernels (counted); loss and gradients close to exact."""
     from sage_compile.kernels.int8_train import cuda
 
-    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
+    if core is None:
+        monkeypatch.delenv("SAGE_COMPILE_INT8_TRAIN_CORE", raising=False)
+    else:
+        monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
     calls = {"forward": 0, "dkdv": 0, "dq": 0}
     for name in calls:
         real = getattr(cuda, name)
