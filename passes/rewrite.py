@@ -5,6 +5,7 @@ import operator
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 
 from .site import Site, val
 
@@ -23,7 +24,9 @@ def _set_meta(node: fx.Node, fake_mode) -> None:
     args = fx.node.map_arg(node.args, val)
     kwargs = fx.node.map_arg(node.kwargs, val)
     try:
-        with fake_mode:
+        # the python dispatcher, as Dynamo's own fake propagation: ops on symbolic shapes (addcdiv's broadcast,
+        # F.pad's symbolic pads) take their Python meta functions, not C++ kernels that want concrete sizes
+        with fake_mode, enable_python_dispatcher():
             if node.op == "call_method":
                 out = getattr(args[0], node.target)(*args[1:], **kwargs)
             else:
