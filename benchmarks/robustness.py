@@ -10,8 +10,9 @@ Items (each a record with ``metric: pass`` (1/0) and the numbers behind it):
   output vs eager, no cudagraph skips (Inductor's counter), latency vs the same compile without CUDA graphs.
 - ``dynamic``: ``dynamic=True``, three video lengths (latent frames 4/5/7): graphs compiled (Dynamo's
   ``unique_graphs``) at the first call and recompiles after it, for sage and, as the model's own baseline,
-  for Inductor; outputs vs eager. (Not 3 frames: the model's configured length, where CogVideoX's patch
-  embedding takes a Python branch of its own, so Dynamo specialises on it under any backend.)
+  for Inductor; outputs vs sage compiled for each length alone (and, reported, vs eager). (Not 3 frames:
+  the model's configured length, where CogVideoX's patch embedding takes a Python branch of its own, so
+  Dynamo specialises on it under any backend.)
 - ``dynamic_llm``: the same on a transformers Llama at SmolLM2-135M's width (9 heads x 64, 3 KV heads, 4 of
   its 30 layers, random weights), three sequence lengths (1024/1500/2047 tokens, causal): sage must compile
   one graph and never recompile. (CogVideoX recompiles per frame count on the H200's torch 2.11 under
@@ -87,10 +88,15 @@ def cos(a, b) -> float:
 def _recompiles(m, be, xs, goal, what, dynamic):
     """Compile ``m`` with Inductor and with sage, call it on each of ``xs``: (ok, note, numbers). Graphs
     compiled by the first call (graph breaks) vs by the later ones (recompiles), per backend; under
-    ``dynamic=True`` sage must not recompile, else no more than Inductor."""
+    ``dynamic=True`` sage must not recompile, else no more than Inductor. Outputs: under ``dynamic=True``, the
+    dynamic graph's vs sage compiled for each shape alone (``dynamic=False``), cos >= :data:`SAME_GRAPH_COS`:
+    dynamic shapes change nothing (random-weight Llama logits are the scheme's error itself, cos 0.9989-0.9993
+    vs exact eager on the H200 kernels and the CPU reference alike, where Inductor's own exact graph gives
+    0.99996 and sage's static graph 0.99902 on the CPU at 1024 tokens); otherwise cos vs eager > ``goal``. Cos
+    vs eager is reported in both cases."""
     from torch._dynamo.utils import counters
 
-    graphs, coss = {}, []
+    graphs, coss, ys = {}, [], []
     for name, backend in (("inductor", "inductor"), ("sage", be)):
         torch._dynamo.reset()
         counters.clear()
@@ -102,12 +108,27 @@ def _recompiles(m, be, xs, goal, what, dynamic):
                     first = counters["stats"]["unique_graphs"]
                 if name == "sage":
                     coss.append(cos(y, m(**x)[0]))
+                    ys.append(y)
         graphs[name] = (first, counters["stats"]["unique_graphs"] - first)
     (g1, rc), (g1i, rci) = graphs["sage"], graphs["inductor"]
     note = (f"{what}: sage {g1} graph(s) at the first call, {rc} recompile(s) after; inductor {g1i} and {rci}; "
             f"cos vs eager {', '.join(f'{c:.5f}' for c in coss)}")
-    ok = (rc == 0 if dynamic else rc <= rci) and min(coss) > goal
-    return ok, note, dict(graphs=g1, recompiles=rc, graphs_inductor=g1i, recompiles_inductor=rci, cos=min(coss))
+    numbers = dict(graphs=g1, recompiles=rc, graphs_inductor=g1i, recompiles_inductor=rci, cos=min(coss))
+    if dynamic:
+        same = []
+        for x, y in zip(xs, ys):
+            torch._dynamo.reset()
+            with torch.no_grad():
+                same.append(cos(y, torch.compile(m, backend=be, dynamic=False)(**x)[0]))
+        note += f"; vs sage compiled for each shape alone {', '.join(f'{c:.6f}' for c in same)}"
+        numbers.update(cos_static=min(same))
+        ok = rc == 0 and min(same) >= SAME_GRAPH_COS
+    else:
+        ok = rc <= rci and min(coss) > goal
+    return ok, note, numbers
+
+
+SAME_GRAPH_COS = 0.99999  # a dynamic graph vs the static one of the same backend: their kernels' summation order
 
 
 def main():
