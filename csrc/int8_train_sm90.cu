@@ -28,8 +28,11 @@
 // dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; the forward (fwd_kernel) has the same
 // shape; see their comments.
 //
-// Not yet run on a GPU (built and inspected offline only); sage_compile uses them only where asked
-// (SAGE_COMPILE_INT8_TRAIN_CORE=cuda, sage_compile/kernels/int8_train/cuda.py).
+// sage_compile runs them wherever they support the call on sm90 (SAGE_COMPILE_INT8_TRAIN_CORE=auto, the default, or
+// cuda: sage_compile/kernels/int8_train/cuda.py); first run on the H200 in run 82 (tests/test_kernel_int8_train_cuda_gpu.py).
+// Not pipelined across steps: a dQ product left in flight under the next step's S and dP (read after wgmma.wait_group
+// 2) made ptxas 13.0 serialize every wgmma of the dQ kernels (C7514; it does not count commit groups across the loop's
+// back edge: with wait_group 0 there no warning), so each warpgroup still waits for its own products.
 //
 // Plain C launchers (no torch headers) so the CPU CI can compile them with nvcc -c; the torch binding is
 // int8_train_sm90_bind.cpp.
