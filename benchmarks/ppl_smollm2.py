@@ -65,17 +65,22 @@ def main():
     recs, t0, ppl = [], time.time(), {}
     for entry in a.schemes.split(","):
         scheme, opts = parse_scheme(entry)
-        nll, n = 0.0, 0
-        for w in wins:
+        nll, n, per_window = 0.0, 0, []
+        for i, w in enumerate(wins):
             x = w[None].to(dev)
             with torch.no_grad(), sage_compile.enable(kernel=scheme, **opts):
                 logits = model(x).logits.float()
-            nll += torch.nn.functional.cross_entropy(logits[0, :-1], x[0, 1:], reduction="sum").item()
+            per_window.append(torch.nn.functional.cross_entropy(logits[0, :-1], x[0, 1:], reduction="sum").item())
+            nll += per_window[-1]
             n += a.ctx - 1
+            if dev == "cpu":  # slow there: each window's mean NLL as it comes
+                print(f"[{time.time() - t0:5.0f}s] {entry} window {i}: mean NLL {per_window[-1] / (a.ctx - 1):.5f}",
+                      flush=True)
         ppl[entry] = math.exp(nll / n)
         rel = ppl[entry] / ppl.get("exact", ppl[entry]) - 1
         recs.append(dict(base, kernel=f"sage_{scheme}" if scheme != "exact" else "sdpa", variant=entry,
-                         value=ppl[entry], tokens=n, rel_to_exact=rel, **({"options": opts} if opts else {})))
+                         value=ppl[entry], tokens=n, rel_to_exact=rel, window_nll=per_window,
+                         **({"options": opts} if opts else {})))
         print(f"[{time.time() - t0:5.0f}s] {entry}: ppl {ppl[entry]:.4f} ({100 * rel:+.2f} % vs exact)", flush=True)
     with open(a.out, "w") as f:
         json.dump(recs, f, indent=1)
