@@ -88,12 +88,13 @@ def cos(a, b) -> float:
 def _recompiles(m, be, xs, goal, what, dynamic):
     """Compile ``m`` with Inductor and with sage, call it on each of ``xs``: (ok, note, numbers). Graphs
     compiled by the first call (graph breaks) vs by the later ones (recompiles), per backend; under
-    ``dynamic=True`` sage must not recompile, else no more than Inductor. Outputs: under ``dynamic=True``, the
-    dynamic graph's vs sage compiled for each shape alone (``dynamic=False``), cos >= :data:`SAME_GRAPH_COS`:
-    dynamic shapes change nothing (random-weight Llama logits are the scheme's error itself, cos 0.9989-0.9993
-    vs exact eager on the H200 kernels and the CPU reference alike, where Inductor's own exact graph gives
-    0.99996 and sage's static graph 0.99902 on the CPU at 1024 tokens); otherwise cos vs eager > ``goal``. Cos
-    vs eager is reported in both cases."""
+    ``dynamic=True`` sage must not recompile, else no more than Inductor. Outputs: under ``dynamic=True``, no
+    accuracy lost to dynamic shapes: per shape, the dynamic graph's error vs eager (1 - cos) at most 1.1x that of
+    sage compiled for that shape alone (``dynamic=False``), or the two agree to cos >= :data:`SAME_GRAPH_COS`
+    (random-weight Llama logits sit at the scheme's own error, cos 0.9989-0.9993 vs exact eager on the H200
+    kernels and the CPU reference alike, where Inductor's exact graph gives 0.99996 and sage's static graph
+    0.99902 on the CPU at 1024 tokens; on the H200 the dynamic and static graphs' producers differ in rounding,
+    cos 0.99993 between them, run 90); otherwise cos vs eager > ``goal``. Cos vs eager is reported in both cases."""
     from torch._dynamo.utils import counters
 
     graphs, coss, ys = {}, [], []
@@ -115,14 +116,20 @@ def _recompiles(m, be, xs, goal, what, dynamic):
             f"cos vs eager {', '.join(f'{c:.5f}' for c in coss)}")
     numbers = dict(graphs=g1, recompiles=rc, graphs_inductor=g1i, recompiles_inductor=rci, cos=min(coss))
     if dynamic:
-        same = []
+        same, static = [], []
         for x, y in zip(xs, ys):
             torch._dynamo.reset()
             with torch.no_grad():
-                same.append(cos(y, torch.compile(m, backend=be, dynamic=False)(**x)[0]))
-        note += f"; vs sage compiled for each shape alone {', '.join(f'{c:.6f}' for c in same)}"
-        numbers.update(cos_static=min(same))
-        ok = rc == 0 and min(same) >= SAME_GRAPH_COS
+                ys_ = torch.compile(m, backend=be, dynamic=False)(**x)[0]
+                same.append(cos(y, ys_))
+                static.append(cos(ys_, m(**x)[0]))
+        note += (f"; vs sage compiled for each shape alone {', '.join(f'{c:.6f}' for c in same)} (that one vs eager "
+                 f"{', '.join(f'{c:.5f}' for c in static)})")
+        numbers.update(cos_static=min(same), cos_static_vs_eager=min(static))
+        # no accuracy lost to dynamic shapes: the dynamic graph's error vs eager at most 1.1x the static graph's
+        # (conventions.md's error-ratio rule), or the two graphs agree to summation order
+        no_loss = all(1 - c <= 1.1 * (1 - r) or d >= SAME_GRAPH_COS for c, r, d in zip(coss, static, same))
+        ok = rc == 0 and no_loss
     else:
         ok = rc <= rci and min(coss) > goal
     return ok, note, numbers
