@@ -37,6 +37,8 @@ class TensorSite:
     head_dim_v = property(lambda s: s.v.shape[-1])
     hq = property(lambda s: s.q.shape[1])
     hkv = property(lambda s: s.k.shape[1])
+    q_shape = property(lambda s: tuple(s.q.shape))
+    k_shape = property(lambda s: tuple(s.k.shape))
     requires_grad = property(lambda s: torch.is_grad_enabled() and any(t.requires_grad for t in (s.q, s.k, s.v)))
     device_type = property(lambda s: s.q.device.type)
     location = "<eager>"
