@@ -59,6 +59,16 @@
 #ifndef SAGE_TRAIN_DQ_PARTS
 #define SAGE_TRAIN_DQ_PARTS 0
 #endif
+// SAGE_TRAIN_DQPIPE 1 (not yet timed; off): the dQ kernel's step ends by issuing its INT8 product and then S and dP
+// of the next step (this step's stage again on the last: dropped), waits for the product alone (wait_group 2, all
+// three groups issued in this step) and folds it into dQ while S and dP run; the next step starts by waiting for
+// both. The exps then no longer overlap dP, the fold overlaps S and dP, and the tensor cores get the three
+// back to back. The same products folded in the same order: outputs identical to 0's. (Leaving the product in
+// flight into the next step instead, read after wait_group 2 there, makes ptxas 13.0 serialize every wgmma: C7514,
+// it does not count commit groups across the loop's back edge.) Not with SAGE_TRAIN_DQ_PARTS.
+#ifndef SAGE_TRAIN_DQPIPE
+#define SAGE_TRAIN_DQPIPE 0
+#endif
 // SAGE_TRAIN_EDGELOOP 1 (default): the steps that need no mask (all but the causal diagonal and the ragged ends) run
 // in a loop of their own, without the masking code that ptxas otherwise predicates into every step (~40-70
 // instructions a step offline); 0: one loop with the mask under a runtime test. H200 run 82 (hd128, 16K, B=2 x 16
@@ -266,6 +276,23 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
   }
 }
 
+__device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
+
+// acc[N / 2 * h ...] (fp32, N of the D channels) += prod (s32, 64 rows x N, landed) * f[row half]
+template <int D, int N>
+__device__ __forceinline__ void fold_int8_product(float (&acc)[D / 2], int h, const uint32_t (&prod)[N / 2],
+                                                  const float (&f)[2]) {
+#pragma unroll
+  for (int i = 0; i < N / 8; ++i)
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& a = acc[N / 2 * h + 4 * i + 2 * rh + e];
+        a = fmaf(__int2float_rn(static_cast<int>(prod[4 * i + 2 * rh + e])), f[rh], a);
+      }
+}
+
 // acc (fp32, 64 rows x D channels) += (frag (64 rows x 64, s8, the A fragments of two k-steps) · B^T) * f[row half],
 // B: the (D x 64) s8 tile at descriptor db (64-byte rows); in H column parts of D / H channels, each issued,
 // waited for and folded before the next (H = 2: an int32 product of 32 registers, not 64)
@@ -284,15 +311,7 @@ __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t
     wg_commit();
     wg_wait0();
     reg_fence(prod);
-#pragma unroll
-    for (int i = 0; i < N / 8; ++i)
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& a = acc[N / 2 * h + 4 * i + 2 * rh + e];
-          a = fmaf(__int2float_rn(static_cast<int>(prod[4 * i + 2 * rh + e])), f[rh], a);
-        }
+    fold_int8_product<D, N>(acc, h, prod, f);
   }
 }
 
@@ -716,6 +735,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
 
   mbar_wait(ring.first, 0);
+  // S = q̂·k̂^T and dP = dO·V̂^T of the step at stage st (two commit groups)
+  auto issue_s_dp = [&](uint32_t(&sacc)[32], float(&dp)[32], const uint8_t* st) {
+    issue_s<D>(sacc, da_q, smem_desc<D>(st + L::kK));
+    wg_commit();
+    issue_dp<D, T>(dp, sdo + ln.wg * 64 * 128, 2 * kBM * 128, st + L::kV, kBM * 128);
+    wg_commit();
+  };
+#if SAGE_TRAIN_DQPIPE
+  static_assert(!SAGE_TRAIN_DQ_PARTS, "SAGE_TRAIN_DQPIPE takes the dQ product whole");
+  if (qb.n_tiles > 0) {
+  uint32_t sacc[32];  // S and dP of the coming step, issued by the one before it
+  float dp[32];
+  ring.wait_full(0);
+  s_fill(sacc);
+  wg_fence();
+  issue_s_dp(sacc, dp, smem + L::kStage0);
+#endif
   auto step = [&](int j, auto edge_c) {
     constexpr int kEdge = decltype(edge_c)::value;
     const int n0 = j * kBM;
@@ -724,26 +760,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
     const bool edge =
         kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
+#if SAGE_TRAIN_DQPIPE
+    wg_wait0();  // S and dP
+    reg_fence(sacc);
+    reg_fence(dp);
+#else
     ring.wait_full(j);
 
     uint32_t sacc[32];
     float dp[32];
     s_fill(sacc);
     wg_fence();
-    issue_s<D>(sacc, da_q, smem_desc<D>(st + L::kK));
-    wg_commit();
-    issue_dp<D, T>(dp, sdo + ln.wg * 64 * 128, 2 * kBM * 128, st + L::kV, kBM * 128);
-    wg_commit();
+    issue_s_dp(sacc, dp, st);
     wg_wait1();  // S
     reg_fence(sacc);
+#endif
 
     float pt[32];
     row_logits<CAUSAL>(pt, sacc, qsc * ksc, {-l2[0], -l2[1]}, edge, n0, t, row0, p.lk, p.coff);
 #pragma unroll
     for (int x = 0; x < 32; ++x) pt[x] = ex2(pt[x]);  // P = exp2(S * qsc * ksc - LSE2)
 
+#if !SAGE_TRAIN_DQPIPE
     wg_wait0();  // dP
     reg_fence(dp);
+#endif
 #pragma unroll
     for (int x = 0; x < 32; ++x) dp[x] = pt[x] * (dp[x] - dl[(x >> 1) & 1]);  // dS
     uint32_t da[2][4];
@@ -755,10 +796,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) reg_fence(da[kk]);  // the fragments complete before the fence
     const float f[2] = {sds[0] * ksc, sds[1] * ksc};
+#if SAGE_TRAIN_DQPIPE
+    // the product, then S and dP of the next step (this step's stage again on the last: dropped)
+    const bool more = j + 1 < qb.n_tiles;
+    const int j1 = more ? j + 1 : j;
+    if (more) ring.wait_full(j1);
+    uint32_t prod[D / 2];
+    s_fill(sacc);
+    wg_fence();
+    wgmma_s8_rs<D>(prod, da[0], smem_desc<64>(st + L::kKT), 0);
+    wgmma_s8_rs<D>(prod, da[1], smem_desc<64>(st + L::kKT) + 2, 1);
+    wg_commit();
+    issue_s_dp(sacc, dp, smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes);
+    wg_wait2();  // the product (S and dP may still run)
+    reg_fence(prod);
+    fold_int8_product<D, D>(dq, 0, prod, f);
+#else
     int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
+#endif
     ring.release(j);
   };
   run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
+#if SAGE_TRAIN_DQPIPE
+  wg_wait0();  // the last step's dropped S and dP
+  }
+#endif
 
   // epilogue: (dQ + rowsum(ψ(dS))·μ_K) * softmax scale; rows past Lq are not stored
 #pragma unroll

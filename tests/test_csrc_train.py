@@ -16,7 +16,8 @@ from test_csrc import NVCC, sass_functions
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0",
-                                        "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0"])
+                                        "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0",
+                                        "-DSAGE_TRAIN_DQPIPE=1"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -42,7 +43,7 @@ def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
         # default halves dK's: none
         limit = 96 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
         assert int(st) <= limit and int(ld) <= limit, (knobs, d, causal, st, ld)
-    for code in ("C7508", "C7510", "C7511", "C7519", "C7520"):  # setmaxnreg ignored; wgmmas serialized or fenced
+    for code in ("C7508", "C7510", "C7511", "C7514", "C7519", "C7520"):  # setmaxnreg ignored; wgmmas serialized or fenced
         assert code not in r.stderr, (code, knobs)
 
 
@@ -71,9 +72,11 @@ def test_sass_has_the_steps_wgmmas(compiled):
         copies = len(rs) // len(want)
         assert copies in ((1,) if "SAGE_TRAIN_EDGELOOP=0" in knobs else (2, 3)), (name, copies)
         assert sorted(rs) == sorted(want * copies), (name, rs)
-        n_s = d // 32 * (copies + (kind == "fwd"))
+        # (SAGE_TRAIN_DQPIPE: dQ's first S and dP before its loops too; each step issues the next one's)
+        first = kind == "fwd" or (kind == "dq" and "SAGE_TRAIN_DQPIPE=1" in knobs)
+        n_s = d // 32 * (copies + first)
         assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == n_s, name
-        n_dp = 0 if kind == "fwd" else d // 16 * copies
+        n_dp = 0 if kind == "fwd" else d // 16 * (copies + first)
         hgmma = r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16")  # (fp16: no suffix)
         assert len(re.findall(hgmma, f)) == n_dp, name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
@@ -87,7 +90,7 @@ def test_sass_has_the_steps_wgmmas(compiled):
         magic = "SAGE_TRAIN_SMAGIC=0" not in knobs
         folds = {"dkdv": d, "dq": d // 2 + 2, "fwd": d // 2}[kind]
         assert len(re.findall(r"I2FP\.F32\.S32", f)) == (folds + 32 * (not magic)) * copies, name
-        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + (kind == "fwd")) * magic, name
+        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + first) * magic, name
         # ψ's roundings (64 values a step in dK / dV, 32 in dQ and the forward): one FFMA onto 1.5 * 2^23 each
         # (SAGE_TRAIN_FMAROUND), else an FMUL and an FADD of 1.5 * 2^23
         n_psi = (64 if kind == "dkdv" else 32) * copies
@@ -97,6 +100,9 @@ def test_sass_has_the_steps_wgmmas(compiled):
         # the forward's lazy rescale (SAGE_TRAIN_LAZY): one warp vote a step
         lazy = kind == "fwd" and "SAGE_TRAIN_LAZY=0" not in knobs
         assert len(re.findall(r"VOTE\.ALL", f)) == copies * lazy, name
+        if kind == "dq" and "SAGE_TRAIN_DQPIPE=1" in knobs:
+            # each step waits for its product alone (S and dP of the next step still in flight), then for all
+            assert len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x2", f)) == copies, name
 
 
 def test_core_choice_from_the_environment():
