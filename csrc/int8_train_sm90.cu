@@ -169,6 +169,14 @@ __device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[N / 2], const uint32_t
 #endif
 }
 
+// d (s32, 64 x N) = the A fragments of two 32-deep k-steps (64 x 64 s8, registers) · B^T, B the K-major (N x 64) s8
+// tile at descriptor db (64-byte rows): the 8-bit products of every kernel (dK, dV, dQ, PV), not committed
+template <int N>
+__device__ __forceinline__ void wgmma_s8_rs2(uint32_t (&d)[N / 2], const uint32_t (&frag)[2][4], uint64_t db) {
+  wgmma_s8_rs<N>(d, frag[0], db, 0);
+  wgmma_s8_rs<N>(d, frag[1], db + 2, 1);
+}
+
 struct Params {
   const float* qs;   // (B*Hq, nqb): Q scales, 128 queries each
   const float* sdo;  // (B*Hq, nqb): ψ(dO) scales, 128 queries each
@@ -306,8 +314,7 @@ __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t
     uint32_t prod[N / 2];
     const uint64_t dbh = db + h * (N * 64 / 16);  // channels N * h on: N * h rows of 64 bytes
     wg_fence();
-    wgmma_s8_rs<N>(prod, frag[0], dbh, 0);
-    wgmma_s8_rs<N>(prod, frag[1], dbh + 2, 1);
+    wgmma_s8_rs2<N>(prod, frag, dbh);
     wg_commit();
     wg_wait0();
     reg_fence(prod);
@@ -804,8 +811,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t prod[D / 2];
     s_fill(sacc);
     wg_fence();
-    wgmma_s8_rs<D>(prod, da[0], smem_desc<64>(st + L::kKT), 0);
-    wgmma_s8_rs<D>(prod, da[1], smem_desc<64>(st + L::kKT) + 2, 1);
+    wgmma_s8_rs2<D>(prod, da, smem_desc<64>(st + L::kKT));
     wg_commit();
     issue_s_dp(sacc, dp, smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes);
     wg_wait2();  // the product (S and dP may still run)
@@ -956,13 +962,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
       // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
       const bool more = j + 1 < qb.n_tiles;
-      const int j1 = more ? j + 1 : j;
-      if (more) ring.wait_full(j1);
+    const int j1 = more ? j + 1 : j;
+    if (more) ring.wait_full(j1);
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
-      wgmma_s8_rs<D>(pv, pa[0], smem_desc<64>(st + L::kVT), 0);
-      wgmma_s8_rs<D>(pv, pa[1], smem_desc<64>(st + L::kVT) + 2, 1);
+      wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kVT));
       issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
       // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
