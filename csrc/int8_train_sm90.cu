@@ -30,9 +30,8 @@
 //
 // sage_compile runs them wherever they support the call on sm90 (SAGE_COMPILE_INT8_TRAIN_CORE=auto, the default, or
 // cuda: sage_compile/kernels/int8_train/cuda.py); first run on the H200 in run 82 (tests/test_kernel_int8_train_cuda_gpu.py).
-// Not pipelined across steps: a dQ product left in flight under the next step's S and dP (read after wgmma.wait_group
-// 2) made ptxas 13.0 serialize every wgmma of the dQ kernels (C7514; it does not count commit groups across the loop's
-// back edge: with wait_group 0 there no warning), so each warpgroup still waits for its own products.
+// Each warpgroup waits for its own products; SAGE_TRAIN_DQPIPE (below, not yet timed) overlaps dQ's with the next
+// step's S and dP.
 //
 // Plain C launchers (no torch headers) so the CPU CI can compile them with nvcc -c; the torch binding is
 // int8_train_sm90_bind.cpp.
@@ -962,8 +961,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
       // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
       const bool more = j + 1 < qb.n_tiles;
-    const int j1 = more ? j + 1 : j;
-    if (more) ring.wait_full(j1);
+      const int j1 = more ? j + 1 : j;
+      if (more) ring.wait_full(j1);
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
