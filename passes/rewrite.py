@@ -127,7 +127,8 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
             elif dec.scheme == "fp4":
                 o = options
                 qt = emit("call_function", _prologue("fp4", options, site.device_type, dec.prologue),
-                          (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth))
+                          (q, k, v, site.layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth,
+                           o.fp4_qk_scale, o.fp4_qk_balance))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(8)]
                 out = emit("call_function", ops.attention_fp4.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))

@@ -37,6 +37,14 @@ class Options:
         0.93977 -> 0.93997, gaussian 0.98232 -> 0.98222 (zero-mean V gains nothing; H200,
         benchmarks/results/ablation_fp4.json); SmolLM2 perplexity (CPU reference, 2K, 6 windows) +3.34 % ->
         +2.99 % vs exact (benchmarks/results/ppl_smollm2_cpu_fp4_vsmooth.json).
+        fp4_qk_scale: Q's and K's NVFP4 block scales, ``amax`` (amax/6, SageAttention3) or ``search``
+        (default: per 16-value block the E4M3 scale of amax/m, m in 6, 5.75, ..., 3, nearest in squared
+        error — "Four Over Six"-style adaptive block scaling, same format and core; Gaussian blocks' RMS
+        error 0.095 -> 0.083; V keeps amax/6: searching its scales worsened SmolLM2's attention outputs).
+        fp4_qk_balance: Q·diag(s), K·diag(1/s) before quantizing (s: SmoothQuant's α = 0.5 per channel, as
+        ``int8_channel_rescale``; exact in real arithmetic), on by default. SmolLM2 perplexity (CPU
+        reference, 2K, 4 windows, benchmarks/results/ppl_smollm2_cpu_fp4_search.json): +3.52 % (amax) ->
+        +3.04 % (search) -> +2.13 % (search + balance) vs exact.
     int8_channel_rescale: balance Q/K channel ranges before INT8 quantization (``int8_fp8``), on by
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
@@ -69,6 +77,8 @@ class Options:
     fp4_smooth: str = "qk"
     fp4_q_block: int = 16
     fp4_v_smooth: bool = True
+    fp4_qk_scale: str = "search"
+    fp4_qk_balance: bool = True
     int8_channel_rescale: bool = True
     int8_train_psi: str = "split"
     switchable: bool = False
@@ -77,6 +87,8 @@ class Options:
     def __post_init__(self):
         if self.prologue not in PROLOGUES:
             raise ValueError(f"sage_compile: prologue must be one of {PROLOGUES}, got {self.prologue!r}")
+        if self.fp4_qk_scale not in ("amax", "search"):
+            raise ValueError(f"sage_compile: fp4_qk_scale must be 'amax' or 'search', got {self.fp4_qk_scale!r}")
 
     def encode(self) -> str:
         """The numeric options as a string (an argument of the composed op)."""

@@ -182,15 +182,17 @@ def _(q8, qs, k8, ks, v16, attn_mask, causal, scale, layout, out_dtype):
 # ------------------------------------------------------------------------------------------ fp4
 @torch.library.custom_op("sage_compile::quantize_fp4", mutates_args=())
 def quantize_fp4(q: Tensor, k: Tensor, v: Tensor, layout: str, delta_s: str = "fp32", smooth: str = "qk",
-                 q_block: int = 128, v_smooth: bool = False
+                 q_block: int = 128, v_smooth: bool = False, qk_scale: str = "amax", qk_balance: bool = False
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SageAttention3 prologue: K and Q-block-mean smoothing (ΔS, ``q_block`` query rows per mean), NVFP4
-    Q/K (along D) and V (along N; minus its token mean with ``v_smooth``, returned last: (B, Hkv, D) fp32)."""
-    return _contig(impl_for("fp4", q.device.type).quantize(q, k, v, layout, delta_s, smooth, q_block, v_smooth))
+    Q/K (along D; ``qk_scale`` ``amax`` or ``search``, ``qk_balance``: Q/K channel ranges balanced first)
+    and V (along N; minus its token mean with ``v_smooth``, returned last: (B, Hkv, D) fp32)."""
+    return _contig(impl_for("fp4", q.device.type).quantize(q, k, v, layout, delta_s, smooth, q_block, v_smooth,
+                                                            qk_scale, qk_balance))
 
 
 @quantize_fp4.register_fake
-def _(q, k, v, layout, delta_s="fp32", smooth="qk", q_block=128, v_smooth=False):
+def _(q, k, v, layout, delta_s="fp32", smooth="qk", q_block=128, v_smooth=False, qk_scale="amax", qk_balance=False):
     b, hq, nq, d = _hnd(q, layout)
     _, hkv, nk, _ = _hnd(k, layout)
     dp = d + (-d) % 16
@@ -287,7 +289,8 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
     if scheme == "int8_fp16":
         return ops.attention_int8_fp16(*ops.quantize_int8_fp16(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)
     if scheme == "fp4":
-        qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth)
+        qt = ops.quantize_fp4(q, k, v, layout, o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth,
+                              o.fp4_qk_scale, o.fp4_qk_balance)
         return ops.attention_fp4(*qt, attn_mask, causal, scale, layout, q.dtype, q.shape[-1], o.fp4_p_scale)
     if scheme == "int8_train":
         if attn_mask is not None and causal != "none":

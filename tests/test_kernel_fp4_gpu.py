@@ -19,9 +19,10 @@ def test_quantizer_bit_identical_on_gpu(d):
     qsm, ksm, _ = R.smooth(q, k)  # smoothing on the CPU: the reductions' order is not part of rule 1
     vt = R.v_transposed(v)[0]
     for x in (qsm, ksm, vt):
-        got = KQ.quant_nvfp4(x.cuda())
-        want = quant_nvfp4(x)
-        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(bits(got[1]).cpu(), bits(want[1]))
+        for search in (False, True):
+            got = KQ.quant_nvfp4(x.cuda(), search)
+            want = quant_nvfp4(x, search)
+            assert torch.equal(got[0].cpu(), want[0]) and torch.equal(bits(got[1]).cpu(), bits(want[1]))
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -61,7 +62,8 @@ def test_shapes_masks_and_options_vs_reference(case):
     q, k, v, mask, causal, layout, dtype = shape_case(case, torch.Generator().manual_seed(5))
     opts = sage_compile.Options()
     if case == "upstream_options":  # SageAttention3 as published (the defaults are rounded / fp32)
-        opts = sage_compile.Options(fp4_p_scale="unrounded", fp4_delta_s="input", fp4_q_block=128)
+        opts = sage_compile.Options(fp4_p_scale="unrounded", fp4_delta_s="input", fp4_q_block=128,
+                                    fp4_v_smooth=False, fp4_qk_scale="amax", fp4_qk_balance=False)
     out = ops.attention(q.cuda(), k.cuda(), v.cuda(), None if mask is None else mask.cuda(), causal, None, layout,
                         "fp4", opts.encode()).cpu()
     ref = ops.attention(q, k, v, mask, causal, None, layout, "fp4", opts.encode())

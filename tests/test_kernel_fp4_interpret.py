@@ -29,8 +29,9 @@ def test_quantizer_bit_identical_adversarial():
     x[0, 0, 2, :] = 0.5                      # flat block
     x[0, 1, 0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.75, -5, 6, 7, -1e-9, 1e-9, 0, 1.0])
     x[1, 2, 5, 16:32] = 0.004                # scale rounds to an E4M3 subnormal / zero
-    got, want = KQ.quant_nvfp4(x), Q.quant_nvfp4(x)
-    assert torch.equal(got[0], want[0]) and torch.equal(bits(got[1]), bits(want[1]))
+    for search in (False, True):
+        got, want = KQ.quant_nvfp4(x, search), Q.quant_nvfp4(x, search)
+        assert torch.equal(got[0], want[0]) and torch.equal(bits(got[1]), bits(want[1]))
 
 
 @pytest.mark.parametrize("d,lk", [(64, 130), (40, 77)])
@@ -39,8 +40,8 @@ def test_prologue_bit_identical(d, lk):
     q = torch.randn(1, 4, 150, d, generator=g).bfloat16()
     k = (torch.randn(1, 2, lk, d, generator=g) + 3 * torch.randn(1, 2, 1, d, generator=g)).bfloat16()
     v = torch.randn(1, 2, lk, d, generator=g).bfloat16()
-    for vs in (False, True):
-        got, want = KQ.quantize(q, k, v, v_smooth=vs), R.quantize(q, k, v, v_smooth=vs)
+    for kw in (dict(v_smooth=False), dict(v_smooth=True), dict(v_smooth=True, qk_scale="search", qk_balance=True)):
+        got, want = KQ.quantize(q, k, v, **kw), R.quantize(q, k, v, **kw)
         assert len(got) == len(want) == 8
         for a, b in zip(got, want):
             assert a.shape == b.shape and a.dtype == b.dtype

@@ -126,6 +126,32 @@ def test_nvfp4_roundtrip_error_bound_and_dequant_exact_in_bf16():
     assert torch.nn.functional.cosine_similarity(deq.flatten(), x.flatten(), dim=0) > 0.99
 
 
+def test_nvfp4_scale_search_is_never_worse_per_block_and_keeps_special_blocks():
+    """The searched scale is one of the 13 candidates' E4M3 scales, no block's squared error exceeds
+    amax/6's, the total drops well below it on Gaussian blocks; zero blocks keep scale 0, NaN blocks NaN."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 8, 64, generator=g) * torch.logspace(-2, 2, 64)[:, None, None]
+    x[0, 0, :16] = 0
+    x[0, 1, 3] = float("nan")
+    x[0, 2, :16] = 0.5       # flat block: amax/6 rounds to e4m3 0.0859 (0.5 -> 0.516); amax/4 is exact
+    plain, search = Q.quant_nvfp4(x), Q.quant_nvfp4(x, search=True)
+    dp, ds = Q.dequant_nvfp4(*plain), Q.dequant_nvfp4(*search)
+
+    def block_err(d):
+        return (d.double() - x.double()).unflatten(-1, (-1, 16)).square().sum(-1)
+
+    ep, es = block_err(dp), block_err(ds)
+    ok = torch.isfinite(ep)
+    assert (es[ok] <= ep[ok]).all() and es[ok].sum() < 0.85 * ep[ok].sum()
+    sc = search[1].float()
+    assert sc[0, 0, 0] == 0 and torch.isnan(sc[0, 1, 0]) and (ds[0, 2, :16] == 0.5).all() and (dp[0, 2, :16] != 0.5).all()
+    amax = x.unflatten(-1, (-1, 16)).abs().amax(-1)
+    cands = torch.stack([Q.to_e4m3(amax / m).float() for m in Q.NVFP4_SEARCH_MAXES])
+    fin = torch.isfinite(sc)
+    assert ((cands == sc[None]).any(0) | ~fin).all()
+    assert (sc[fin] != plain[1].float()[fin]).float().mean() > 0.2  # the search does move scales
+
+
 def test_nvfp4_rejects_bad_width_and_mxfp4_power_of_two_scales():
     with pytest.raises(ValueError, match="multiple of 16"):
         Q.quant_nvfp4(torch.randn(3, 20))

@@ -234,6 +234,34 @@ def test_fp4_v_smooth_is_the_ablation_row_and_keeps_empty_rows_zero(rng):
     assert torch.equal(o[:, :, 7], torch.zeros_like(o[:, :, 7])) and o[:, :, 8].abs().sum() > 0
 
 
+def test_fp4_qk_scale_search_and_balance(rng):
+    """``qk_scale="search"`` and ``qk_balance``: the ablation rows exactly; balancing leaves Q·Kᵀ as it was
+    (up to fp32 rounding) and ΔS untouched; V's quantization is not changed by either; together they lower
+    the outlier set's error; bad values are refused by the reference and by Options."""
+    import sage_compile
+
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 2, 200, 64, rng, hkv=1))
+    base = fp4.quantize(q, k, v, q_block=16, v_smooth=True)
+    new = fp4.quantize(q, k, v, q_block=16, v_smooth=True, qk_scale="search", qk_balance=True)
+    for i in (4, 5, 6, 7):  # V's values and scales, ΔS, V's mean
+        assert torch.equal(base[i], new[i])
+    got = fp4.attention(*new, None, "top_left", None, "HND", torch.float32, 64, "rounded")
+    assert torch.equal(got, fp4.attention_ablation(q, k, v, "top_left", p_scale="rounded", q_block=16, v_smooth=True,
+                                                   qk_scale="search", qk_balance=True))
+    qs, ks, _ = fp4.smooth(q, k, q_block=16)
+    qb, kb, _ = fp4.smooth(q, k, q_block=16, balance=True)
+    assert not torch.equal(qs, qb)
+    s0, s1 = qs @ ks.transpose(-1, -2).repeat_interleave(2, 1), qb @ kb.transpose(-1, -2).repeat_interleave(2, 1)
+    assert ((s1 - s0).abs().max() / s0.abs().max()).item() < 1e-5
+    want = ref64(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), causal="top_left")
+    old = fp4.attention(*base, None, "top_left", None, "HND", torch.float32, 64, "rounded")
+    assert cos_rel(got, want)[1] < 0.97 * cos_rel(old, want)[1]
+    with pytest.raises(ValueError, match="qk_scale"):
+        fp4.quantize(q, k, v, qk_scale="mse")
+    with pytest.raises(ValueError, match="fp4_qk_scale"):
+        sage_compile.Options(fp4_qk_scale="mse")
+
+
 def test_fp4_ablation_switches(rng):
     """The ablation path is the fp4 reference with its defaults; MXFP4 and no smoothing are measurably
     worse on the outlier set (the paper's ordering)."""

@@ -10,6 +10,10 @@ s_P (``p_scale="unrounded"``, this module's default); ``"rounded"`` divides by t
 used: slightly better on every set of benchmarks/ablation_fp4.py, so the scheme's default
 (``Options.fp4_p_scale``). PV with NVFP4 P and V, fp32 across tiles.
 
+Beyond SageAttention3 (options, on in the scheme's defaults, :class:`sage_compile.Options`): ``qk_balance``
+moves channel ranges between the smoothed Q and K (SmoothQuant, α = 0.5) and ``qk_scale="search"`` picks
+each Q/K block's E4M3 scale among 13 (:func:`~sage_compile.reference.quant.quant_nvfp4`).
+
 Head dims that are not a multiple of 16 are zero-padded (exact: zero channels add nothing).
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import engine
+from .int8_fp8 import rescale_channels
 from .layout import from_hnd, to_hnd
 from .quant import (E2M1_MAX, dequant_nvfp4, fake_quant_fp4, quant_nvfp4, round_e2m1, smooth_k, smooth_q_blocks,
                     to_e4m3)
@@ -35,11 +40,13 @@ def _pad_last(x: torch.Tensor, mult: int) -> torch.Tensor:
 
 
 def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str = "fp32", smooth: str = "qk",
-           q_block: int = BLOCK_M):
+           q_block: int = BLOCK_M, balance: bool = False):
     """The smoothing half of the prologue (fp32): ``(q − q̄_block, k − mean, ΔS = q̄·(k − mean)ᵀ)``, with Q
     and K zero-padded along the head dim to a multiple of 16. ``smooth`` in ``qk | k | none``
     (ablations); ``delta_s`` in ``fp32 | input`` (upstream rounds ΔS to the input dtype); ``q_block``:
-    query rows per mean (128; the ablation tries finer)."""
+    query rows per mean (128; the ablation tries finer). ``balance``: then the smoothed Q times
+    diag(s) and K times diag(1/s), s = :func:`~sage_compile.reference.quant.channel_balance` of the two
+    (exact in real arithmetic; ΔS is taken before, from the unbalanced values)."""
     q, k = to_hnd(q, layout), to_hnd(k, layout)
     b, hq, lq, d = q.shape
     ksm = smooth_k(k)[0] if smooth in ("qk", "k") else k.float()
@@ -53,6 +60,8 @@ def smooth(q: torch.Tensor, k: torch.Tensor, layout: str = "HND", delta_s: str =
     else:
         qsm = q.float()
         ds = torch.zeros((b, hq, -(-lq // q_block), k.shape[2]), device=q.device)
+    if balance:
+        qsm, ksm = rescale_channels(qsm, ksm)
     return _pad_last(qsm, GROUP), _pad_last(ksm, GROUP), ds
 
 
@@ -77,18 +86,32 @@ def q_block_of(lq: int, n_blocks: int) -> int:
     return max(Q_BLOCKS[0], min(BLOCK_M, 1 << (-(-lq // n_blocks) - 1).bit_length()))
 
 
+QK_SCALES = ("amax", "search")
+
+
+def check_options(q_block: int, qk_scale: str) -> None:
+    """Clear errors for prologue options out of range (reference and kernel share them)."""
+    if q_block not in Q_BLOCKS:
+        raise ValueError(f"sage_compile: fp4 q_block must be one of {Q_BLOCKS}, got {q_block}")
+    if qk_scale not in QK_SCALES:
+        raise ValueError(f"sage_compile: fp4 qk_scale must be one of {QK_SCALES}, got {qk_scale!r}")
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", delta_s: str = "fp32",
-             smooth_mode: str = "qk", q_block: int = BLOCK_M, v_smooth: bool = False):
+             smooth_mode: str = "qk", q_block: int = BLOCK_M, v_smooth: bool = False, qk_scale: str = "amax",
+             qk_balance: bool = False):
     """Returns ``(qp (B,Hq,Nq,Dp/2) u8, qsc (B,Hq,Nq,Dp/16) e4m3, kp, ksc, vp (B,Hkv,Dp,Nk16/2) u8,
     vsc (B,Hkv,Dp,Nk16/16) e4m3, ds (B,Hq,ceil(Nq/q_block),Nk) f32, vbar (B,Hkv,D) f32)``; Dp = D rounded
     up to 16, Nk16 = Nk rounded up to 16. See :func:`smooth` for the options; ``q_block`` in
     :data:`Q_BLOCKS` (ΔS takes Nq·Nk·4/q_block bytes per head); ``v_smooth``: V is quantized minus its
-    token mean ``vbar`` (zeros when off), which the core adds back to each normalised row."""
-    if q_block not in Q_BLOCKS:
-        raise ValueError(f"sage_compile: fp4 q_block must be one of {Q_BLOCKS}, got {q_block}")
-    qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode, q_block)
-    qp, qsc = quant_nvfp4(qsm)
-    kp, ksc = quant_nvfp4(ksm)
+    token mean ``vbar`` (zeros when off), which the core adds back to each normalised row. ``qk_scale``:
+    Q's and K's block scales, ``amax`` (amax/6, SageAttention3) or ``search`` (the nearest of 13, see
+    :func:`~sage_compile.reference.quant.quant_nvfp4`; V keeps amax/6: searching its scales made
+    SmolLM2's attention outputs worse); ``qk_balance``: see :func:`smooth`."""
+    check_options(q_block, qk_scale)
+    qsm, ksm, ds = smooth(q, k, layout, delta_s, smooth_mode, q_block, qk_balance)
+    qp, qsc = quant_nvfp4(qsm, qk_scale == "search")
+    kp, ksc = quant_nvfp4(ksm, qk_scale == "search")
     vt, vbar = v_transposed(v, layout, v_smooth)
     vp, vsc = quant_nvfp4(vt)
     return qp, qsc, kp, ksc, vp, vsc, ds, vbar
@@ -134,9 +157,11 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Ten
 
 
 # ------------------------------------------------------------------------------------------ ablations
-def _fake(x: torch.Tensor, fmt: str) -> torch.Tensor:
+def _fake(x: torch.Tensor, fmt: str, search: bool = False) -> torch.Tensor:
     """Quantize-dequantize along the last dim (zero-padded to the block) and cut back."""
     n = x.shape[-1]
+    if search and fmt == "nvfp4":
+        return dequant_nvfp4(*quant_nvfp4(_pad_last(x, 16), True))[..., :n]
     blk = 16 if fmt == "nvfp4" else 32
     return fake_quant_fp4(_pad_last(x, blk), fmt)[..., :n]
 
@@ -144,7 +169,7 @@ def _fake(x: torch.Tensor, fmt: str) -> torch.Tensor:
 def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: str = "none",
                        scale: Optional[float] = None, fmt: str = "nvfp4", p_levels: int = 2, smooth_mode: str = "qk",
                        p_scale: str = "unrounded", delta_s: str = "fp32", q_block: int = BLOCK_M,
-                       v_smooth: bool = False) -> torch.Tensor:
+                       v_smooth: bool = False, qk_scale: str = "amax", qk_balance: bool = False) -> torch.Tensor:
     """The fp4 numerics with the paper's ablation switches, as fake quantization (fp32 out, HND in).
 
     ``fmt``: ``nvfp4`` (1x16, E4M3 scales) or ``mxfp4`` (1x32, power-of-two scales) for Q, K, V and P.
@@ -152,11 +177,14 @@ def attention_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     per-group scales only). ``smooth_mode``/``p_scale``/``delta_s`` as in :func:`quantize` /
     :func:`attention`; ``q_block``: query rows per smoothing mean; ``v_smooth``: quantize V minus its
     token mean and add the mean back to each normalised row (exact in real arithmetic: normalised P rows
-    sum to 1). With the same options this is :func:`attention` of :func:`quantize` (tested)."""
+    sum to 1); ``qk_scale``/``qk_balance`` (nvfp4 only) as in :func:`quantize`. With the same options this
+    is :func:`attention` of :func:`quantize` (tested)."""
+    check_options(q_block, qk_scale)
     b, hq, lq, d = q.shape
     lk = k.shape[2]
-    qsm, ksm, ds = smooth(q, k, "HND", delta_s, smooth_mode, q_block)
-    qf, kf = _fake(qsm, fmt), engine.gqa_expand(_fake(ksm, fmt), hq)
+    qsm, ksm, ds = smooth(q, k, "HND", delta_s, smooth_mode, q_block, qk_balance)
+    srch = qk_scale == "search"
+    qf, kf = _fake(qsm, fmt, srch), engine.gqa_expand(_fake(ksm, fmt, srch), hq)
     vt, vbar = v_transposed(v, "HND", v_smooth)  # zero-padded (exact: zero channels / tokens add nothing)
     vf = engine.gqa_expand(_fake(vt, fmt)[..., :d, :lk], hq)  # (B, Hq, D, Nk)
     dsx = ds.repeat_interleave(q_block, dim=2)[:, :, :lq]
