@@ -5,8 +5,9 @@ Rows (``variant``): ``default`` (the shipped options), ``nvfp4`` (SageAttention3
 other row's base: two-level P, Q+K smoothing over 128-row Q blocks, P / unrounded scale, ΔS fp32),
 ``mxfp4``, ``p_direct`` (one-level P), ``smooth_none``, ``smooth_k``, ``p_scale_rounded``,
 ``delta_s_input`` (ΔS rounded to bf16, as upstream), beyond the paper ``q_block_32`` / ``q_block_16``
-(finer Q smoothing) and ``v_smooth`` (V minus its token mean), plus ``int8_fp8`` (per-token, no channel
-balancing) for scale. Sets: gaussian and
+(finer Q smoothing), ``v_smooth`` (V minus its token mean), ``qk_balance`` (Q/K channel ranges balanced)
+and ``qk_scale_search`` (Q/K block scales searched), plus ``int8_fp8`` (per-token, no channel balancing) for
+scale. Sets: gaussian and
 outlier (B=1, H=4, N=1024, hd128, non-causal) and real SmolLM2-135M activations (every layer's q, k, v
 from one 2048-token held-back Shakespeare window, causal, GQA 9/3, hd64; see benchmarks/smollm2.py).
 ``default`` is what ``kernel="fp4"`` ships (:class:`sage_compile.Options`); on CUDA the row ``kernel`` is
@@ -37,7 +38,7 @@ def _shipped():
 
     o = Options()
     return dict(q_block=o.fp4_q_block, p_scale=o.fp4_p_scale, delta_s=o.fp4_delta_s, smooth_mode=o.fp4_smooth,
-                v_smooth=o.fp4_v_smooth)
+                v_smooth=o.fp4_v_smooth, qk_scale=o.fp4_qk_scale, qk_balance=o.fp4_qk_balance)
 
 
 VARIANTS = {
@@ -53,6 +54,9 @@ VARIANTS = {
     "q_block_16": dict(q_block=16),
     "v_smooth": dict(v_smooth=True),
     "q_block_16+v_smooth": dict(q_block=16, v_smooth=True),
+    "qk_balance": dict(qk_balance=True),  # beyond SageAttention3: Q/K channel ranges balanced (α = 0.5)
+    "qk_scale_search": dict(qk_scale="search"),  # Q/K block scales searched among 13 maxima
+    "q_block_16+v_smooth+qk_scale_search": dict(q_block=16, v_smooth=True, qk_scale="search"),
 }
 
 
@@ -93,7 +97,8 @@ def kernel_fp4(q, k, v, causal):
 
     o = sage_compile.Options()
     ops = torch.ops.sage_compile
-    qt = ops.quantize_fp4(q, k, v, "HND", o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth)
+    qt = ops.quantize_fp4(q, k, v, "HND", o.fp4_delta_s, o.fp4_smooth, o.fp4_q_block, o.fp4_v_smooth, o.fp4_qk_scale,
+                          o.fp4_qk_balance)
     return ops.attention_fp4(*qt, None, causal, None, "HND", torch.float32, q.shape[-1], o.fp4_p_scale)
 
 

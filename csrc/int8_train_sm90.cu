@@ -30,7 +30,7 @@
 //
 // sage_compile runs them wherever they support the call on sm90 (SAGE_COMPILE_INT8_TRAIN_CORE=auto, the default, or
 // cuda: sage_compile/kernels/int8_train/cuda.py); first run on the H200 in run 82 (tests/test_kernel_int8_train_cuda_gpu.py).
-// Each warpgroup waits for its own products; SAGE_TRAIN_DQPIPE (below, not yet timed) overlaps dQ's with the next
+// Each warpgroup waits for its own products; SAGE_TRAIN_DQPIPE (below; off: not faster) overlaps dQ's with the next
 // step's S and dP.
 //
 // Plain C launchers (no torch headers) so the CPU CI can compile them with nvcc -c; the torch binding is
@@ -58,13 +58,13 @@
 #ifndef SAGE_TRAIN_DQ_PARTS
 #define SAGE_TRAIN_DQ_PARTS 0
 #endif
-// SAGE_TRAIN_DQPIPE 1 (not yet timed; off): the dQ kernel's step ends by issuing its INT8 product and then S and dP
-// of the next step (this step's stage again on the last: dropped), waits for the product alone (wait_group 2, all
-// three groups issued in this step) and folds it into dQ while S and dP run; the next step starts by waiting for
-// both. The exps then no longer overlap dP, the fold overlaps S and dP, and the tensor cores get the three
-// back to back. The same products folded in the same order: outputs identical to 0's. (Leaving the product in
-// flight into the next step instead, read after wait_group 2 there, makes ptxas 13.0 serialize every wgmma: C7514,
-// it does not count commit groups across the loop's back edge.) Not with SAGE_TRAIN_DQ_PARTS.
+// SAGE_TRAIN_DQPIPE 1 (off: run 94's backward 1.5 % slower to 1.2 % faster): the dQ kernel's step ends by issuing its
+// INT8 product and then S and dP of the next step (this step's stage again on the last: dropped), waits for the product
+// alone (wait_group 2, all three groups issued in this step) and folds it into dQ while S and dP run; the next step
+// starts by waiting for both. The exps then no longer overlap dP, the fold overlaps S and dP, and the tensor cores get
+// the three back to back. The same products folded in the same order: outputs identical to 0's. (Leaving the product in
+// flight into the next step instead, read after wait_group 2 there, makes ptxas 13.0 serialize every wgmma: C7514, it
+// does not count commit groups across the loop's back edge.) Not with SAGE_TRAIN_DQ_PARTS.
 #ifndef SAGE_TRAIN_DQPIPE
 #define SAGE_TRAIN_DQPIPE 0
 #endif

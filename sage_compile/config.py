@@ -42,9 +42,11 @@ class Options:
         error — "Four Over Six"-style adaptive block scaling, same format and core; Gaussian blocks' RMS
         error 0.095 -> 0.083; V keeps amax/6: searching its scales worsened SmolLM2's attention outputs).
         fp4_qk_balance: Q·diag(s), K·diag(1/s) before quantizing (s: SmoothQuant's α = 0.5 per channel, as
-        ``int8_channel_rescale``; exact in real arithmetic), on by default. SmolLM2 perplexity (CPU
-        reference, 2K, 4 windows, benchmarks/results/ppl_smollm2_cpu_fp4_search.json): +3.52 % (amax) ->
-        +3.04 % (search) -> +2.13 % (search + balance) vs exact.
+        ``int8_channel_rescale``; exact in real arithmetic), on by default. SmolLM2 perplexity vs exact over
+        all held-back text, H200 kernels (run 94, benchmarks/results/ppl_smollm2_run94_c15f884_h200_*): at
+        2K / 4K / 8K amax +2.92 / +2.96 / +3.25 %, search +2.39 / +2.59 / +2.60 %, balance +2.91 / +2.99 /
+        +3.02 %, both +2.17 / +2.33 / +2.50 %. Cost: the fp4 prologue op 3.24 -> 5.26 ms at hd128, 16 heads,
+        16K tokens (core 15.1 ms).
     int8_channel_rescale: balance Q/K channel ranges before INT8 quantization (``int8_fp8``), on by
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
