@@ -58,18 +58,19 @@ class Options:
         128 queries): dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 ->
         0.9991. H200 run 37 (benchmarks/results/train_h200.json): forward+backward 4-14 % faster than
         ``tile``; SmolLM2 fine-tune last-20 loss 1.0002x bf16 SDPA's (finetune_smollm2_split64_h200.json).
-    prologue: ``auto`` (default), ``graph`` or ``op``. ``graph``: the prologue as plain torch ops in the
-        graph, so Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm (compiled with stride
-        padding off, :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by
-        themselves, :func:`sage_compile.reference.quant.div_rn`). ``op``: the prologue custom op (Triton
-        kernels on CUDA: two passes over Q, K and V, the token reductions fused into one). Same quantized
-        values given the same inputs (the graph quantizes the producers' unrounded fp32 values). ``auto``:
-        per site (:func:`sage_compile.policy.prologue_for`): the op for ``int8_fp8`` attention on CUDA with
-        B·H·Nq·Nk·D >= 2^34, the graph prologue elsewhere. H200 (runs 49-51): the op is faster at both real
-        models measured, with about half the first compile of the graph prologue (CogVideoX-2B step 222.8
-        vs 225.6 ms, first call 44.5 vs 83.7 s; Flux-dev 132.8 vs 135.7 ms, 74.8 vs 219.9 s), while the
-        graph prologue saves host time on small attention (a lone CogVideoX-2B block at 4K tokens 0.89 vs
-        1.32 ms).
+    prologue: ``auto`` (default), ``graph`` or ``op``. ``graph``: the prologue as plain torch ops in the graph, so
+        Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm (compiled with stride padding off,
+        :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by themselves,
+        :func:`sage_compile.reference.quant.div_rn`). ``op``: the prologue custom op (Triton kernels on CUDA: two
+        passes over Q, K and V, the token reductions fused into one). Same quantized values given the same inputs
+        (the graph quantizes the producers' unrounded fp32 values). ``auto``: per site
+        (:func:`sage_compile.policy.prologue_for`): the op for ``int8_fp8`` attention on CUDA with B·H·Nq·Nk·D >=
+        2^34 and for ``fp4`` everywhere (with its graph prologue and the Q/K scale search the CPU TinyLlama's first
+        call took 87.7 s, with the op 4.5 s: :data:`sage_compile.policy.OP_PROLOGUE_ALWAYS`), the graph prologue
+        elsewhere. H200 (runs 49-51): the op is faster at both real models measured, with about half the first
+        compile of the graph prologue (CogVideoX-2B step 222.8 vs 225.6 ms, first call 44.5 vs 83.7 s; Flux-dev
+        132.8 vs 135.7 ms, 74.8 vs 219.9 s), while the graph prologue saves host time on small attention (a lone
+        CogVideoX-2B block at 4K tokens 0.89 vs 1.32 ms).
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """

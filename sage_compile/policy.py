@@ -34,6 +34,12 @@ GRAPH_PROLOGUE_DEVICES = ("cpu", "cuda")
 # 0.89 ms wall), so small sites keep the graph prologue. Other schemes keep the graph prologue (not measured).
 OP_PROLOGUE_MIN_WORK = 2 ** 34
 OP_PROLOGUE_SCHEMES = ("int8_fp8",)
+# prologue="auto" gives these schemes the prologue op on every device, whatever the size: fp4's graph prologue,
+# with its Q/K block-scale search (13 candidate scales per block), made the CPU TinyLlama's first call 87.7 s
+# (32.1 s with amax scales) against 4.5 s with the op (benchmarks/diag_fp4_compile.py,
+# benchmarks/results/fp4_prologue_compile_cpu.log), and fp4 has no speed to gain from fusing its prologue
+# (exact emulation on Hopper).
+OP_PROLOGUE_ALWAYS = ("fp4",)
 
 
 def graph_prologue(options, device_type: str) -> bool:
@@ -65,8 +71,10 @@ def attention_work(site) -> Optional[int]:
 
 def prologue_for(site, options, scheme: str, device_type: str) -> str:
     """``graph`` or ``op``: how ``site``'s prologue is emitted under ``options.prologue`` (see
-    :data:`OP_PROLOGUE_MIN_WORK` for ``auto``)."""
+    :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``)."""
     if not graph_prologue(options, device_type):
+        return "op"
+    if options.prologue == "auto" and scheme in OP_PROLOGUE_ALWAYS:
         return "op"
     if options.prologue == "auto" and device_type == "cuda" and scheme in OP_PROLOGUE_SCHEMES:
         work = attention_work(site)
@@ -146,6 +154,8 @@ def decide(site, config, device_type: str) -> Decision:
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):
             notes.append(f"prologue='{config.options.prologue}' gives no graph prologue on {device_type} (not "
                          "validated there): prologue op")
+        elif config.options.prologue == "auto" and prologue == "op" and scheme in OP_PROLOGUE_ALWAYS:
+            notes.append(f"prologue op (auto: always for {scheme}, whose graph prologue compiles far slower)")
         elif config.options.prologue == "auto" and prologue == "op":
             notes.append(f"prologue op (auto: B·H·Nq·Nk·D = {attention_work(site):.3g} >= "
                          f"{OP_PROLOGUE_MIN_WORK:.3g}, where the op's kernels are faster than the graph prologue "
