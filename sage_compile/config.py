@@ -39,8 +39,9 @@ class Options:
         +2.99 % vs exact (benchmarks/results/ppl_smollm2_cpu_fp4_vsmooth.json).
         fp4_qk_scale: Q's and K's NVFP4 block scales, ``amax`` (amax/6, SageAttention3) or ``search``
         (default: per 16-value block the E4M3 scale of amax/m, m in 6, 5.75, ..., 3, nearest in squared
-        error — "Four Over Six"-style adaptive block scaling, same format and core; Gaussian blocks' RMS
-        error 0.095 -> 0.083; V keeps amax/6: searching its scales worsened SmolLM2's attention outputs).
+        error — "Four Over Six"-style adaptive block scaling, same format and core; on Gaussian blocks at
+        least 15 % less squared error, tests/test_quant.py; V keeps amax/6: searching its scales worsened
+        SmolLM2's attention outputs in a CPU probe at 2K).
         fp4_qk_balance: Q·diag(s), K·diag(1/s) before quantizing (s: SmoothQuant's α = 0.5 per channel, as
         ``int8_channel_rescale``; exact in real arithmetic), on by default. SmolLM2 perplexity vs exact over
         all held-back text, H200 kernels (run 94, benchmarks/results/ppl_smollm2_run94_c15f884_h200_*): at

@@ -322,8 +322,8 @@ def quant_nvfp4(x: torch.Tensor, search: bool = False) -> tuple[torch.Tensor, to
     ``search``: per block, the scale e4m3(amax / m) for the m in :data:`NVFP4_SEARCH_MAXES` whose
     dequantized block is nearest to x (sum of squared errors in fp64; ties to the larger m), the
     adaptive block scaling of "Four Over Six" (Cook et al., 2025) widened from {6, 4} to 13 maxima: the
-    same format and the same core, only the choice of scale differs. On Gaussian blocks the relative
-    RMS error drops from 0.095 to 0.083; NaN blocks keep m = 6's NaN scale.
+    same format and the same core, only the choice of scale differs. On Gaussian blocks the squared
+    error drops by at least 15 % (asserted in tests/test_quant.py); NaN blocks keep m = 6's NaN scale.
 
     Args:
         x: ``(..., L)`` with ``L % 16 == 0``.
