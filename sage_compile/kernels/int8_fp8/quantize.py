@@ -12,11 +12,6 @@ turns into the K mean, the channel factors and V's scales (:func:`_stats_finaliz
 quantization (one launch per tensor). Five launches in all, where torch's reductions over the token axis
 of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time (H200 run 20: an
 ``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms).
-
-:func:`quantize` runs the same bodies in one launch (:func:`_quant_prologue`): per (batch, kv head) the
-statistics programs, then, a few heads later in the grid, its quantization programs, which wait on a flag
-the last statistics program raises after the finalize. One launch instead of five, and the second read of
-each head's Q, K and V comes while they are still in L2.
 """
 from __future__ import annotations
 
@@ -479,27 +474,19 @@ def _quant_prologue(Q, K, V, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, s
                     H, HKV, NQ, NK, NP, D, SQ, SK, TQ, TK, TV, U, L,
                     RESCALE: tl.constexpr, CHUNK_Q: tl.constexpr, CHUNK_K: tl.constexpr, SBLOCK_N: tl.constexpr,
                     QBLOCK_N: tl.constexpr, KBLOCK_N: tl.constexpr, VBLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    UNROLL: tl.constexpr, EMULATE: tl.constexpr, TICKET: tl.constexpr):
+                    UNROLL: tl.constexpr, EMULATE: tl.constexpr):
     """The whole prologue (:func:`token_stats`, then :func:`quant_rows_int8` of Q and K and
     :func:`quant_v_fp8`) in one launch, per unit = (batch, kv head) with its G query heads: the
     statistics programs (:func:`_stats_program` over Q (RESCALE), K and V chunks) count themselves done
     in ``SYNC[unit]``, the last one runs :func:`_finalize_body` and raises ``SYNC[U + unit]``; the
     quantization programs of the unit wait for that flag (:func:`_one_launch_item` places them after
-    every statistics program of their unit, so the ones waited for are running or done). The same bodies as the five launches: the same bits.
-
-    Each program takes its item from a ticket counter (``SYNC[2U]``), so items are claimed in order by
-    programs that already run: one that waits, waits on items with smaller tickets, taken by running
-    programs that wait on nothing (statistics) -- no deadlock whatever order the hardware starts programs
-    in (TICKET 0: the item is the program id, which relies on programs starting in id order)."""
+    every statistics program of their unit: programs start in order, so the ones waited for are running
+    or done). The same bodies as the five launches: the same bits."""
     G = H // HKV
     GSQ = G * SQ * RESCALE
     NS = GSQ + 2 * SK
     NQP = G * TQ + TK + TV
-    if TICKET:
-        item = tl.atomic_add(SYNC + 2 * U, 1, sem="relaxed")
-    else:
-        item = tl.program_id(0)
-    u, r, stats = _one_launch_item(item, L, U, NS, NQP)
+    u, r, stats = _one_launch_item(tl.program_id(0), L, U, NS, NQP)
     b = u // HKV
     hq0 = (u % HKV) * G  # the unit's first query head
     if stats != 0:
@@ -537,7 +524,6 @@ ONE_LAUNCH_L2_BYTES = 12 << 20  # bf16 Q, K and V bytes of the units between a u
 ONE_LAUNCH_WIDE = 2  # at 8 warps (head dim >= K_WIDE_D, for K's 128-token tiles) Q's and V's tiles this many
 # times :func:`quant_rows_int8`'s / :func:`quant_v_fp8`'s and this many times STATS_UNROLL statistics tiles
 # per step: the same bytes per thread as their own 4-warp launches (the bits do not depend on either)
-ONE_LAUNCH_TICKET = True  # :func:`_quant_prologue`'s items from a ticket counter (else the program ids)
 ONE_LAUNCH = True  # :func:`quantize` in one launch (:func:`_quant_prologue`), else the five launches
 
 
@@ -573,13 +559,13 @@ def _quantize_one_launch(q, k, v, channel_rescale: bool):
     k8 = torch.empty((b, hkv, nk, d), dtype=torch.int8, device=dev)
     ks = torch.empty((b, hkv, nk), **f32)
     v8 = torch.empty((b, hkv, d, npad), dtype=torch.float8_e4m3fn, device=dev)
-    sync = torch.zeros(2 * units + 1, dtype=torch.int32, device=dev)  # done counts, flags, the ticket
+    sync = torch.zeros(2 * units, dtype=torch.int32, device=dev)
     _quant_prologue[(units * (ns + nqp),)](
         q, k, v, *q.stride(), *k.stride(), *v.stride(), _or(qamax, ksum), ksum, kmin, kmax, vamax, mean, s, vs,
         q8, qs, k8, ks, v8, sync, h, hkv, nq, nk, npad, d, sq, sk, tq, tk, tv, units, lag,
         RESCALE=int(channel_rescale), CHUNK_Q=cq, CHUNK_K=ck, SBLOCK_N=max(1, min(64, STATS_TILE // block_d)),
         QBLOCK_N=qbn, KBLOCK_N=K_GROUP_TILE, VBLOCK_N=vbn, BLOCK_D=block_d, UNROLL=STATS_UNROLL * wide,
-        EMULATE=EMULATE_FP8, TICKET=ONE_LAUNCH_TICKET, num_warps=8 if block_d >= K_WIDE_D else 4)
+        EMULATE=EMULATE_FP8, num_warps=8 if block_d >= K_WIDE_D else 4)
     return q8, qs, k8, ks, v8, vs
 
 
