@@ -75,28 +75,6 @@ def test_prologue_bit_identical_on_both_division_paths_on_gpu():
     assert int((bits(got[4])[0, 0, 1, 3:9] == 0x80).sum()) == 6
 
 
-@pytest.mark.parametrize("d,hq,hkv", [(64, 30, 30), (128, 24, 24), (128, 16, 4)])
-def test_one_launch_prologue_equals_five_launches_on_gpu(d, hq, hkv, monkeypatch):
-    """The one-launch prologue (statistics, then each unit's quantization waiting on a flag in the same
-    grid) against the five launches at a size where units run concurrently, 1 unit or 12 MB apart, three
-    times each: the same bits every time (a missed wait would read a stale K mean or V scale)."""
-    KQ, _ = _kernels()
-    g = torch.Generator(device="cuda").manual_seed(d + hq)
-    n = 16896
-    q = torch.randn(1, n, hq, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(1, n, hkv, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2) + 1
-            for _ in range(2))
-    monkeypatch.setattr(KQ, "ONE_LAUNCH", False)
-    want = [bits(t) for t in KQ.quantize(q, k, v, "HND", True)]
-    monkeypatch.setattr(KQ, "ONE_LAUNCH", True)
-    for lag_bytes in (1, 12 << 20):
-        monkeypatch.setattr(KQ, "ONE_LAUNCH_L2_BYTES", lag_bytes)
-        for _ in range(3):
-            got = KQ.quantize(q, k, v, "HND", True)
-            for name, a, b in zip(("q8", "qs", "k8", "ks", "v8", "vs"), got, want):
-                assert torch.equal(bits(a), b), f"{name}: {int((bits(a) != b).sum())} differ (lag {lag_bytes})"
-
-
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
 @pytest.mark.parametrize("inputs", ["gaussian", "outlier"])

@@ -132,50 +132,6 @@ def test_prologue_token_stats_over_several_chunks():
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
 
 
-@triton.jit
-def _schedule_probe(OUT, L, U, NS, NQP):
-    u, r, stats = KQ._one_launch_item(tl.program_id(0), L, U, NS, NQP)
-    tl.store(OUT + tl.program_id(0) * 3 + tl.arange(0, 4), tl.where(tl.arange(0, 4) == 0, u,
-             tl.where(tl.arange(0, 4) == 1, r, stats)), mask=tl.arange(0, 4) < 3)
-
-
-@pytest.mark.parametrize("units,lag,ns,nqp", [(5, 1, 3, 4), (5, 2, 4, 1), (4, 4, 2, 3), (7, 3, 1, 6), (1, 1, 2, 2)])
-def test_one_launch_schedule_covers_every_item_after_its_statistics(units, lag, ns, nqp):
-    """The one-launch prologue's program order: each (unit, statistics program) and (unit, quantization
-    program) exactly once, and every quantization program of a unit after all of that unit's statistics
-    programs (it waits for them: programs start in order), L units later."""
-    n = units * (ns + nqp)
-    out = torch.full((n, 3), -1, dtype=torch.int32)
-    _schedule_probe[(n,)](out, lag, units, ns, nqp)
-    items = [tuple(r) for r in out.tolist()]
-    assert sorted(items) == sorted([(u, r, 1) for u in range(units) for r in range(ns)]
-                                   + [(u, r, 0) for u in range(units) for r in range(nqp)])
-    for u in range(units):
-        last_stats = max(p for p, it in enumerate(items) if it[0] == u and it[2] == 1)
-        first_quant = min(p for p, it in enumerate(items) if it[0] == u and it[2] == 0)
-        assert first_quant > last_stats
-        # the statistics of min(lag, units - u - 1) more units come in between
-        between = {it[0] for it in items[last_stats + 1:first_quant] if it[2] == 1}
-        assert between == set(range(u + 1, min(units, u + 1 + lag)))
-
-
-@pytest.mark.parametrize("lag_units,rescale", [(1, True), (2, False), (100, True)])
-def test_one_launch_prologue_equals_five_launches(lag_units, rescale, monkeypatch):
-    """:func:`quantize` in one launch gives the five launches' bits (the same K mean: the same chunks),
-    GQA and Lq != Lk, with every unit's quantization 1, 2 or all units after its statistics."""
-    q, k, v = _inputs(b=2, hq=4, hkv=2, lq=40, lk=150)
-    k[1, 1, 149, 4] = 1e3
-    monkeypatch.setattr(KQ, "ONE_LAUNCH", False)
-    want = KQ.quantize(q, k, v, "HND", rescale)
-    monkeypatch.setattr(KQ, "ONE_LAUNCH", True)
-    unit_bytes = (2 * 40 + 2 * 150) * 64 * 2
-    monkeypatch.setattr(KQ, "ONE_LAUNCH_L2_BYTES", lag_units * unit_bytes)
-    got = KQ.quantize(q, k, v, "HND", rescale)
-    for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert torch.equal(bits(a), bits(b))
-
-
 def test_prologue_nhd_layout_reads_in_place():
     q, k, v = _inputs()
     nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]

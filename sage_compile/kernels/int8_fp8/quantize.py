@@ -28,24 +28,16 @@ from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, or_sign, reci
 
 
 @triton.jit
-def _token_tile_at(X, sxb, sxh, sxn, sxd, H, N, D, tile, bh, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Tile ``tile`` (BLOCK_N tokens, BLOCK_D channels) of (batch·head) ``bh`` of a strided (B, H, N, D)
-    tensor, as fp32 (zeros outside), with ``(b, h, token offsets, channel offsets, in-bounds mask)``."""
+def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's (BLOCK_N tokens, BLOCK_D channels) tile of a strided (B, H, N, D) tensor, as fp32
+    (zeros outside), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
+    bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     inb = (rn[:, None] < N) & (rd[None, :] < D)
     x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
-    return x, b, h, rn, rd, inb
-
-
-@triton.jit
-def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's tile of :func:`_token_tile_at` (tile ``program_id(0)`` of (batch·head)
-    ``program_id(1)``), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
-    bh = tl.program_id(1)
-    x, b, h, rn, rd, inb = _token_tile_at(X, sxb, sxh, sxn, sxd, H, N, D, tl.program_id(0), bh, BLOCK_N, BLOCK_D)
     return x, bh, b, h, rn, rd, inb
 
 
@@ -72,21 +64,12 @@ def _max_nan(a, b):
 def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
                      HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """:func:`_quant_rows_body` of tile ``program_id(0)`` of (batch·head) ``program_id(1)``."""
-    _quant_rows_body(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D, tl.program_id(0), tl.program_id(1),
-                     HAS_MEAN, CH_MODE, KGROUP, BLOCK_N, BLOCK_D, EMULATE)
-
-
-@triton.jit
-def _quant_rows_body(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D, tile, bh,
-                     HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
     s of shape (B, H // GROUP, D)). KGROUP (BLOCK_N = 128, one 128-key tile): the scales tied in the
     groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
     group t). Divisions through the divisors' reciprocals (:func:`div_by`, exact) unless a divisor of the
     tile is out of its range (then IEEE divisions: the same bits, slower)."""
-    x, b, h, rn, rd, inb = _token_tile_at(X, sxb, sxh, sxn, sxd, H, N, D, tile, bh, BLOCK_N, BLOCK_D)
+    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
@@ -117,16 +100,8 @@ def _quant_rows_body(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D, tile
 @triton.jit
 def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  EMULATE: tl.constexpr):
-    """:func:`_quant_v_body` of tile ``program_id(0)`` of (batch·head) ``program_id(1)``."""
-    _quant_v_body(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, tl.program_id(0), tl.program_id(1), BLOCK_N, BLOCK_D,
-                  EMULATE)
-
-
-@triton.jit
-def _quant_v_body(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, tile, bh, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """V / scale as E4M3, stored transposed (B, H, D, NP); tokens N..NP-1 (the padding) are zeros."""
-    v, b, h, rn, rd, inb = _token_tile_at(V, svb, svh, svn, svd, H, N, D, tile, bh, BLOCK_N, BLOCK_D)
+    v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
     sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
     r, ns = recip(sc)
     if tl.min(fast_div_ok(sc)) > 0:
@@ -266,14 +241,6 @@ def _split_reduce(P, row0, nsplit, rd, m, D, OP: tl.constexpr, SB: tl.constexpr,
 @triton.jit
 def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D,
                     MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """:func:`_finalize_body` of (batch, kv head) ``program_id(0)``."""
-    _finalize_body(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D, tl.program_id(0), MEAN_GIVEN,
-                   RESCALE, DO_V, BLOCK_D)
-
-
-@triton.jit
-def _finalize_body(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D, bhk,
-                   MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
     query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
     when MEAN_GIVEN, else written there), the channel factors s = sqrt(ak / aq) (RESCALE; aq = max |q|
@@ -281,6 +248,7 @@ def _finalize_body(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D
     mean is monotone; 1 where either is 0 or not finite, NaN included, as
     :func:`sage_compile.reference.quant.channel_balance`) and V's scales amax / 448 (DO_V), all with IEEE
     division and square root: the reference's bits given the mean."""
+    bhk = tl.program_id(0)
     rd = tl.arange(0, BLOCK_D)
     m = rd < D
     if MEAN_GIVEN:
@@ -440,143 +408,12 @@ def quant_v_fp8(v_hnd: torch.Tensor, scale: torch.Tensor, key_multiple: int = V_
     return y, scale
 
 
-@triton.jit
-def _one_launch_item(pid, L, U, NS, NQP):
-    """The work item of program ``pid`` of :func:`_quant_prologue`: ``(unit, index in its part, is_stats)``.
-    Programs come in slots: slot j holds unit j's NS statistics programs, then unit (j - L)'s NQP
-    quantization programs (slots 0..L-1 statistics only, slots U..U+L-1 quantization only), so a unit's
-    quantization starts L units after its statistics: late enough not to wait, early enough that its
-    reads of Q, K and V still hit in L2."""
-    head = L * NS
-    mid = (U - L) * (NS + NQP)
-    if pid < head:
-        u = pid // NS
-        r = pid % NS
-        stats = 1
-    elif pid < head + mid:
-        p = pid - head
-        j = L + p // (NS + NQP)
-        r = p % (NS + NQP)
-        stats = (r < NS).to(tl.int32)
-        u = tl.where(r < NS, j, j - L)
-        r = tl.where(r < NS, r, r - NS)
-    else:
-        p = pid - head - mid
-        u = U - L + p // NQP
-        r = p % NQP
-        stats = 0
-    return u, r, stats
-
-
-@triton.jit
-def _quant_prologue(Q, K, V, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                    QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, CH, VS, Q8, QS, K8, KS, V8, SYNC,
-                    H, HKV, NQ, NK, NP, D, SQ, SK, TQ, TK, TV, U, L,
-                    RESCALE: tl.constexpr, CHUNK_Q: tl.constexpr, CHUNK_K: tl.constexpr, SBLOCK_N: tl.constexpr,
-                    QBLOCK_N: tl.constexpr, KBLOCK_N: tl.constexpr, VBLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    UNROLL: tl.constexpr, EMULATE: tl.constexpr):
-    """The whole prologue (:func:`token_stats`, then :func:`quant_rows_int8` of Q and K and
-    :func:`quant_v_fp8`) in one launch, per unit = (batch, kv head) with its G query heads: the
-    statistics programs (:func:`_stats_program` over Q (RESCALE), K and V chunks) count themselves done
-    in ``SYNC[unit]``, the last one runs :func:`_finalize_body` and raises ``SYNC[U + unit]``; the
-    quantization programs of the unit wait for that flag (:func:`_one_launch_item` places them after
-    every statistics program of their unit: programs start in order, so the ones waited for are running
-    or done). The same bodies as the five launches: the same bits."""
-    G = H // HKV
-    GSQ = G * SQ * RESCALE
-    NS = GSQ + 2 * SK
-    NQP = G * TQ + TK + TV
-    u, r, stats = _one_launch_item(tl.program_id(0), L, U, NS, NQP)
-    b = u // HKV
-    hq0 = (u % HKV) * G  # the unit's first query head
-    if stats != 0:
-        if r < GSQ:
-            _stats_program(Q, QAMAX, QAMAX, QAMAX, sqb, sqh, sqn, sqd, H, NQ, D, SQ, (b * H + hq0) * SQ + r,
-                           False, 2, CHUNK_Q, SBLOCK_N, BLOCK_D, UNROLL)
-        elif r < GSQ + SK:
-            _stats_program(K, KSUM, KMIN, KMAX, skb, skh, skn, skd, HKV, NK, D, SK, u * SK + r - GSQ,
-                           True, RESCALE, CHUNK_K, SBLOCK_N, BLOCK_D, UNROLL)
-        else:
-            _stats_program(V, VAMAX, VAMAX, VAMAX, svb, svh, svn, svd, HKV, NK, D, SK, u * SK + r - GSQ - SK,
-                           False, 2, CHUNK_K, SBLOCK_N, BLOCK_D, UNROLL)
-        tl.debug_barrier()  # every thread's partials stored before the release below
-        if tl.atomic_add(SYNC + u, 1, sem="acq_rel") == NS - 1:  # the unit's last statistics program
-            _finalize_body(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, CH, VS, G, SQ, SK, NK, D, u, False, RESCALE,
-                           True, BLOCK_D)
-            tl.debug_barrier()
-            tl.atomic_xchg(SYNC + U + u, 1, sem="release")
-    else:
-        while tl.atomic_add(SYNC + U + u, 0, sem="acquire") == 0:
-            pass
-        if r < G * TQ:
-            _quant_rows_body(Q, MEAN, CH, Q8, QS, sqb, sqh, sqn, sqd, H, G, NQ, D, r % TQ, b * H + hq0 + r // TQ,
-                             False, RESCALE, False, QBLOCK_N, BLOCK_D, EMULATE)
-        elif r < G * TQ + TK:
-            _quant_rows_body(K, MEAN, CH, K8, KS, skb, skh, skn, skd, HKV, 1, NK, D, r - G * TQ, u,
-                             True, 2 * RESCALE, True, KBLOCK_N, BLOCK_D, EMULATE)
-        else:
-            _quant_v_body(V, VS, V8, svb, svh, svn, svd, HKV, NK, NP, D, r - G * TQ - TK, u, VBLOCK_N, BLOCK_D,
-                          EMULATE)
-
-
-ONE_LAUNCH_L2_BYTES = 12 << 20  # bf16 Q, K and V bytes of the units between a unit's statistics and its quantization
-# (:func:`_one_launch_item`'s L: at least 1 unit)
-ONE_LAUNCH_WIDE = 2  # at 8 warps (head dim >= K_WIDE_D, for K's 128-token tiles) Q's and V's tiles this many
-# times :func:`quant_rows_int8`'s / :func:`quant_v_fp8`'s and this many times STATS_UNROLL statistics tiles
-# per step: the same bytes per thread as their own 4-warp launches (the bits do not depend on either)
-ONE_LAUNCH = True  # :func:`quantize` in one launch (:func:`_quant_prologue`), else the five launches
-
-
-def _quantize_one_launch(q, k, v, channel_rescale: bool):
-    """:func:`quantize` of (B, H, N, D) views through :func:`_quant_prologue` (plus one memset of its
-    counters)."""
-    b, h, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    g = h // hkv
-    dev = q.device
-    cq, ck = stats_chunk(nq), stats_chunk(nk)
-    sq, sk = triton.cdiv(nq, cq), triton.cdiv(nk, ck)
-    npad = nk + (-nk) % V_KEY_MULTIPLE
-    block_d = _block_d(d)
-    wide = ONE_LAUNCH_WIDE if block_d >= K_WIDE_D else 1
-    qbn = max(1, min(64, ROWS_TILE // block_d)) * wide
-    vbn = max(1, min(64, 8192 // block_d)) * wide
-    tq, tk, tv = triton.cdiv(nq, qbn), triton.cdiv(nk, K_GROUP_TILE), triton.cdiv(npad, vbn)
-    units = b * hkv
-    ns = 2 * sk + (g * sq if channel_rescale else 0)
-    nqp = g * tq + tk + tv
-    unit_bytes = (g * nq + 2 * nk) * d * q.element_size()
-    lag = min(units, max(1, round(ONE_LAUNCH_L2_BYTES / unit_bytes)))
-    f32 = dict(dtype=torch.float32, device=dev)
-    qamax = torch.empty((b * h, sq, d), **f32) if channel_rescale else None
-    kparts = torch.empty((4 if channel_rescale else 2, units, sk, d), **f32)  # sum, V's max |v|, min, max
-    ksum, vamax = kparts[0], kparts[1]
-    kmin, kmax = (kparts[2], kparts[3]) if channel_rescale else (ksum, ksum)
-    stats = torch.empty((3, b, hkv, d), **f32)  # mean, channel factors, V's scales
-    mean, s, vs = stats[0], stats[1], stats[2]
-    q8 = torch.empty((b, h, nq, d), dtype=torch.int8, device=dev)
-    qs = torch.empty((b, h, nq), **f32)
-    k8 = torch.empty((b, hkv, nk, d), dtype=torch.int8, device=dev)
-    ks = torch.empty((b, hkv, nk), **f32)
-    v8 = torch.empty((b, hkv, d, npad), dtype=torch.float8_e4m3fn, device=dev)
-    sync = torch.zeros(2 * units, dtype=torch.int32, device=dev)
-    _quant_prologue[(units * (ns + nqp),)](
-        q, k, v, *q.stride(), *k.stride(), *v.stride(), _or(qamax, ksum), ksum, kmin, kmax, vamax, mean, s, vs,
-        q8, qs, k8, ks, v8, sync, h, hkv, nq, nk, npad, d, sq, sk, tq, tk, tv, units, lag,
-        RESCALE=int(channel_rescale), CHUNK_Q=cq, CHUNK_K=ck, SBLOCK_N=max(1, min(64, STATS_TILE // block_d)),
-        QBLOCK_N=qbn, KBLOCK_N=K_GROUP_TILE, VBLOCK_N=vbn, BLOCK_D=block_d, UNROLL=STATS_UNROLL * wide,
-        EMULATE=EMULATE_FP8, num_warps=8 if block_d >= K_WIDE_D else 4)
-    return q8, qs, k8, ks, v8, vs
-
-
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
     The token reductions of Q, K and V in one :func:`token_stats` (the K mean, with ``channel_rescale``
     the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    if ONE_LAUNCH and min(q.shape[2], k.shape[2]) > 0:
-        return _quantize_one_launch(q, k, v, channel_rescale)
     mean, s, vs = token_stats(q if channel_rescale else None, k, v)
     q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
     k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True) if channel_rescale else quant_rows_int8(k, mean, k_groups=True)
