@@ -71,6 +71,11 @@
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
+// SAGE_PINGPONG128C: the same for the causal hd128 kernels (run 84, kernel only, hd128 causal 16K: 843 TOPS without
+// ping-pong and with SAGE_PVLAG vs 815-826 with it; the non-causal ones lost, 804 vs 869)
+#ifndef SAGE_PINGPONG128C
+#define SAGE_PINGPONG128C SAGE_PINGPONG128
+#endif
 // SAGE_EXPTURN64 (non-causal) / SAGE_EXPTURN64C (causal) 1, hd64, three consumer warpgroups, no ping-pong:
 // the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), one
 // at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by one warp per sub-partition while the
@@ -611,7 +616,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
                const Params p) {
 #if SAGE_SM90A
   using L = Layout<D, STAGES>;
-  constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : SAGE_PINGPONG128;
+  constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : (CAUSAL ? SAGE_PINGPONG128C : SAGE_PINGPONG128);
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
   constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kNwg = consumer_wgs<D>();
