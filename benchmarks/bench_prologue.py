@@ -41,12 +41,45 @@ def _mods():
     return mods
 
 
+# bytes each prologue kernel moves per element of one of Q, K, V (bf16 reads, 1-byte writes; scales and partials
+# left out): the statistics read all three, the row quantizer reads and writes Q and K, V's reads and writes V
+KERNEL_BYTES = {"_chan_stats": 6, "_quant_rows_int8": 6, "_quant_v_fp8": 3, "_stats_finalize": 0}
+
+
+def kernel_times(fn, qkv, base: dict, label: str, calls: int = 20) -> list:
+    """CUDA time per call of each kernel ``fn`` launches (torch.profiler over ``calls`` calls), printed with the
+    bandwidth it implies (:data:`KERNEL_BYTES`); records ``metric: ms``, ``variant: <variant>/<kernel>``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] = per.get(e.name, 0.0) + e.device_time / 1e3 / calls  # us -> ms per call
+    numel = qkv[0].numel()
+    recs = []
+    for name, ms in sorted(per.items(), key=lambda x: -x[1]):
+        nb = next((v for kk, v in KERNEL_BYTES.items() if kk in name), None)
+        bw = f"  {nb * numel / ms / 1e9:5.2f} TB/s" if nb else ""
+        print(f"{label} kernel {name[:40]:40s} {ms:7.4f} ms{bw}", flush=True)
+        recs.append(dict(base, variant=f"{base['variant']}/{name[:60]}", metric="ms", value=ms,
+                         note=f"CUDA time per call (torch.profiler, {calls} calls)"))
+    return recs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="cogvideox,flux")
     ap.add_argument("--n", default="4096,16384")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/prologue.json")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each kernel's CUDA time in the last variant (torch.profiler, 20 calls) with its bandwidth")
     a = ap.parse_args()
     import triton
 
@@ -86,6 +119,12 @@ def main():
                          dict(base, metric="ms", variant=name + "_wall", value=wall, note="wall time per call (do_bench median)"),
                          dict(base, metric="host_ms", value=host, note="host time per call, 50 calls back to back"),
                          dict(base, metric="values_differing", value=sum(diff.values()), note=f"vs {first}: {diff}")]
+            if a.kernels:
+                try:
+                    recs += kernel_times(fns[name], (q, k, v), dict(meta, model=model, variant=name, heads=h,
+                                                                    head_dim=d, seq_len=nt), f"{model:9s} N={nt:6d} {name:8s}")
+                except Exception as e:  # (the profiler is a diagnostic: the timings above stand without it)
+                    print(f"kernel times failed: {e!r}", flush=True)
     write_records(a.out, recs)
     print("wrote", a.out)
 
