@@ -72,7 +72,9 @@
 #define SAGE_PINGPONG128 1
 #endif
 // SAGE_PINGPONG128C: the same for the causal hd128 kernels (run 84, kernel only, hd128 causal 16K: 843 TOPS without
-// ping-pong and with SAGE_PVLAG vs 815-826 with it; the non-causal ones lost, 804 vs 869)
+// ping-pong and with SAGE_PVLAG vs 815-826 with it; the non-causal ones lost, 804 vs 869). With the causal edge
+// loops (SAGE_EDGELOOP 3) no difference: runs 97-98 (H100) 885-899 without ping-pong vs 889-892 with it at 16K,
+// 774-802 vs 796-807 at 8K; so it stays on
 #ifndef SAGE_PINGPONG128C
 #define SAGE_PINGPONG128C SAGE_PINGPONG128
 #endif
@@ -153,11 +155,15 @@
 // loop of their own, the masked ones after them; otherwise one loop with the mask under a runtime test, which
 // ptxas if-converts into ~70-100 predicated instructions on every tile. H200 (cuda_variants_run4[45]_*): the
 // own loop pays non-causal (hd128 / hd64 1.00-1.03x / 1.02-1.05x), but causal kernels ran 0.93-0.95x with
-// it (per-token K) and 0.94x (hd128 16K, grouped K: 722 vs 772 TOPS), so causal keeps the one loop. With
+// it (per-token K) and 0.94x (hd128 16K, grouped K: 722 vs 772 TOPS), so causal kept the one loop. With
 // grouped K, run 67 (cuda_variants_run67_*, identical outputs): one loop for the non-causal kernels too ran
-// 0.90-0.92x at hd64 (4K-17,776 tokens) and 0.98x at hd128 16K.
+// 0.90-0.92x at hd64 (4K-17,776 tokens) and 0.98x at hd128 16K. Since S's magic start, the integer row max
+// and the uniform warpgroup index, the causal full-tile loop is 412 / 454 instructions (hd64 / hd128) against
+// the one loop's 614 / 651, and the own loop pays causal too: runs 97-98 (an H100, no H200 could be started;
+// cuda_variants_run9[78]_*, 2 x 30 heads, identical outputs) hd128 causal 16K 868-878 -> 885-893 TOPS, 8K
+// 747-795 -> 774-807, 4K 667-674 -> 681-687; hd64 causal 16K 567-585 -> 581-588, 4K 419-424 -> 423-431. So 3.
 #ifndef SAGE_EDGELOOP
-#define SAGE_EDGELOOP 1
+#define SAGE_EDGELOOP 3
 #endif
 
 // SAGE_KRLOOP64 / SAGE_KRLOOP128 (the key-range kernels' tile loops, non-causal): 0 a masked first tile where
