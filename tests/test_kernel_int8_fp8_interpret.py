@@ -132,6 +132,29 @@ def test_prologue_token_stats_over_several_chunks():
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
 
 
+def test_prologue_statistics_finalized_by_each_units_last_program():
+    """The statistics' finalize runs in the program that counts last in its (batch, kv head) unit: with two
+    batches, three query heads per kv head and Q and K over different chunk counts, every unit waits for all
+    of its K, V and query-head chunks (an outlier in the last chunk of the last query head of a group, and
+    of V, lands in that unit's factors and scales), and the K mean alone (``k_mean``) and the factors for a
+    given mean (``channel_scales``) are the same bits as the full prologue's."""
+    c = KQ.stats_chunk(600)
+    q, k, v = _inputs(b=2, hq=6, hkv=2, lq=c + 5, lk=2 * c + 77)
+    q[1, 5, c + 2, 11] = 90.0  # batch 1, query head 5 (kv head 1), Q's last chunk
+    v[1, 0, 2 * c + 70, 4] = -200.0  # batch 1, kv head 0, V's last chunk
+    got = KQ.quantize(q, k, v, "HND", True)
+    mean = KQ.k_mean(k)
+    assert torch.allclose(mean, k.float().mean(dim=-2), rtol=1e-6, atol=1e-6)
+    s = KQ.channel_scales(q, k, mean)
+    assert torch.equal(s, Q.channel_balance(q, k.float() - mean[..., None, :])[..., 0, :])
+    assert s[1, 1, 11] != 1 and s[1, 0, 11] != s[1, 1, 11]
+    qf, ksm = R.rescale_channels(q.float(), k.float() - mean[..., None, :])
+    want = (*Q.quant_int8(qf, 1), *Q.quant_int8_k_groups(ksm), *Q.quant_fp8_v(v, 16))
+    for a, b in zip(got, want):
+        assert torch.equal(bits(a), bits(b))
+    assert got[5][1, 0, 4] == torch.tensor(200.0) / torch.tensor(448.0)
+
+
 def test_prologue_nhd_layout_reads_in_place():
     q, k, v = _inputs()
     nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
