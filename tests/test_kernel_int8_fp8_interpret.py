@@ -132,12 +132,13 @@ def test_prologue_token_stats_over_several_chunks():
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
 
 
-def test_prologue_statistics_finalized_by_each_units_last_program():
-    """The statistics' finalize runs in the program that counts last in its (batch, kv head) unit: with two
-    batches, three query heads per kv head and Q and K over different chunk counts, every unit waits for all
-    of its K, V and query-head chunks (an outlier in the last chunk of the last query head of a group, and
-    of V, lands in that unit's factors and scales), and the K mean alone (``k_mean``) and the factors for a
-    given mean (``channel_scales``) are the same bits as the full prologue's."""
+def test_prologue_statistics_over_batches_and_query_head_groups():
+    """The statistics' partials reach the right (batch, kv head) in the finalize: with two batches, three query
+    heads per kv head and Q and K over different chunk counts, an outlier in the last chunk of the last query
+    head of a group, and one of V's, land in that unit's factors and scales only; the K mean alone
+    (``k_mean``) and the factors for a given mean (``channel_scales``) are the same bits as the full
+    prologue's. (Written for run 99's finalize inside the statistics launch, each unit's last program
+    counted by an atomic; kept for the separate finalize.)"""
     c = KQ.stats_chunk(600)
     q, k, v = _inputs(b=2, hq=6, hkv=2, lq=c + 5, lk=2 * c + 77)
     q[1, 5, c + 2, 11] = 90.0  # batch 1, query head 5 (kv head 1), Q's last chunk

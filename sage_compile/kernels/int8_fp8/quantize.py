@@ -7,14 +7,16 @@ the IEEE quotients, through each row's or channel's correctly rounded reciprocal
 correction (:func:`sage_compile.kernels._common.div_by`; ``div_rn`` for a tile with a divisor out of its
 range), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
 Two passes over each of Q, K and V: the token reductions (K's channel sum, min and max, Q's and V's
-largest channel magnitudes) as per-chunk partials in one launch for all three (:func:`_chan_stats`), whose
-last program per (batch, kv head) turns that unit's partials into its K mean, channel factors and V scales
-(:func:`_finalize_unit`) while other units still stream; then the element-wise quantization (one launch per
-tensor). Four launches and a memset (the units' counters) in all, where torch's reductions over the token axis
+largest channel magnitudes) as per-chunk partials (:func:`_chan_stats`, one launch for all three) that one small kernel
+turns into the K mean, the channel factors and V's scales (:func:`_stats_finalize`); then the element-wise
+quantization (one launch per tensor). Five launches in all, where torch's reductions over the token axis
 of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time (H200 run 20: an
-``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms). The finalize was a
-launch of its own up to run 98: 0.010 / 0.016 ms of the op's 0.20 / 0.34 ms at CogVideoX / Flux 16K on an H100
-(``results/prologue_kernels_run97_*``), B·Hkv programs whose loads wait on each other.
+``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms).
+Timed and reverted (run 99, an H100, ``benchmarks/results/prologue_run99_0c27a82_h100.*``): the finalize inside
+the statistics launch, run by each (batch, kv head)'s last program (a barrier, a GPU-scope fence and an atomic
+at the end of every statistics program): the statistics went 0.076 -> 0.087 ms at CogVideoX 16K and 0.119 ->
+0.147 at Flux 16K, more than the finalize launch it saved (0.010 / 0.016 ms): the op 0.205 -> 0.207 and 0.344
+-> 0.357 ms, slower at 4K too. Run 96 had merged all five launches, slower still.
 """
 from __future__ import annotations
 
@@ -198,110 +200,82 @@ def _stats_program(X, SUM, MIN, MAX, sxb, sxh, sxn, sxd, H, N, D, NSPLIT, pid, D
 def _chan_stats(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, NS0, P0,
                 X1, SUM1, MIN1, MAX1, sb1, sh1, sn1, sd1, H1, N1, NS1, P1,
                 X2, SUM2, MIN2, MAX2, sb2, sh2, sn2, sd2, H2, N2, NS2, D,
-                CNT, PER_UNIT, HKV, QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, SV, NK, NROWS,
                 DO_SUM0: tl.constexpr, RANGE0: tl.constexpr, CHUNK0: tl.constexpr,
                 DO_SUM1: tl.constexpr, RANGE1: tl.constexpr, CHUNK1: tl.constexpr,
                 DO_SUM2: tl.constexpr, RANGE2: tl.constexpr, CHUNK2: tl.constexpr,
-                NT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr,
-                MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr):
+                NT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, UNROLL: tl.constexpr):
     """:func:`_stats_program` over NT (1-3) tensors of one head dim in one launch: programs [0, P0) take
     tensor 0's (chunk, batch·head) pairs, [P0, P0 + P1) tensor 1's, the rest tensor 2's (one launch keeps
-    more loads in flight than a launch per tensor, each of them a few programs per SM: STATS_UNROLL).
-    Then each program counts itself in its (batch, kv head) unit (CNT, zeroed int32 per unit; a query head h
-    belongs to kv head h // (H / HKV)), and the unit's last program (PER_UNIT programs feed a unit) turns the
-    unit's partials into its K mean, channel factors and V scales (:func:`_finalize_unit`): the finalize runs
-    while other units' statistics still stream, with no launch of its own."""
+    more loads in flight than a launch per tensor, each of them a few programs per SM: STATS_UNROLL)."""
     pid = tl.program_id(0)
     if pid < P0:
         _stats_program(X0, SUM0, MIN0, MAX0, sb0, sh0, sn0, sd0, H0, N0, D, NS0, pid, DO_SUM0, RANGE0, CHUNK0,
                        BLOCK_N, BLOCK_D, UNROLL)
-        h_t = H0
-        bh = pid // NS0
     elif pid < P0 + P1:
         if NT >= 2:
             _stats_program(X1, SUM1, MIN1, MAX1, sb1, sh1, sn1, sd1, H1, N1, D, NS1, pid - P0, DO_SUM1, RANGE1,
                            CHUNK1, BLOCK_N, BLOCK_D, UNROLL)
-        h_t = H1
-        bh = (pid - P0) // NS1
-    else:
-        if NT >= 3:
-            _stats_program(X2, SUM2, MIN2, MAX2, sb2, sh2, sn2, sd2, H2, N2, D, NS2, pid - P0 - P1, DO_SUM2,
-                           RANGE2, CHUNK2, BLOCK_N, BLOCK_D, UNROLL)
-        h_t = H2
-        bh = (pid - P0 - P1) // NS2
-    unit = (bh // h_t) * HKV + (bh % h_t) // (h_t // HKV)
-    tl.debug_barrier()  # every thread's partials are stored before the count (the atomic releases them)
-    done = tl.atomic_add(CNT + unit, 1, sem="acq_rel")
-    if done == PER_UNIT - 1:
-        _finalize_unit(unit, QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, SV, NK, NROWS, D,
-                       MEAN_GIVEN, RESCALE, DO_V, BLOCK_D)
+    elif NT >= 3:
+        _stats_program(X2, SUM2, MIN2, MAX2, sb2, sh2, sn2, sd2, H2, N2, D, NS2, pid - P0 - P1, DO_SUM2,
+                       RANGE2, CHUNK2, BLOCK_N, BLOCK_D, UNROLL)
 
 
-FIN_ROWS = tl.constexpr(16)  # partial rows of each statistic per load of :func:`_finalize_unit` (all of its
-# statistics loaded together: up to 5 x 16 rows in flight)
+SPLIT_BLOCK = tl.constexpr(32)  # partial rows per load of :func:`_stats_finalize` (run 59: loading every
+# partial tile before the first reduction, up to 64 rows on up to 16 warps, was within 2.5 % of this, f460fa9)
 
 
 @triton.jit
-def _rows(P, row0, n, s0, rd, m, D, init, SB: tl.constexpr):
-    """Rows ``s0 .. s0 + SB - 1`` (those below ``n``) of the ``n`` partial rows of P from row ``row0``, ``init``
-    elsewhere; through L2 (other programs wrote them)."""
-    rs = s0 + tl.arange(0, SB)
-    return tl.load(P + (row0 + rs[:, None]) * D + rd[None, :], mask=(rs[:, None] < n) & m[None, :], other=init,
-                   cache_modifier=".cg")
+def _split_reduce(P, row0, nsplit, rd, m, D, OP: tl.constexpr, SB: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Sum (OP 0), min (1) or max (2) over ``nsplit`` partial rows of P starting at row ``row0``
+    (NaN-propagating), SB rows per load."""
+    init = 0.0 if OP == 0 else (float("inf") if OP == 1 else float("-inf"))
+    res = tl.full((BLOCK_D,), init, tl.float32)
+    rs = tl.arange(0, SB)
+    for s0 in range(0, nsplit, SB):
+        mm = ((s0 + rs[:, None]) < nsplit) & m[None, :]
+        a = tl.load(P + (row0 + s0 + rs[:, None]) * D + rd[None, :], mask=mm, other=init)
+        if OP == 0:
+            res += tl.sum(a, axis=0)
+        elif OP == 1:
+            res = _min_nan(res, tl.reduce(a, 0, _min_nan))
+        else:
+            res = _max_nan(res, tl.reduce(a, 0, _max_nan))
+    return res
 
 
 @triton.jit
-def _finalize_unit(bhk, QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, SV, NK, NROWS, D,
-                   MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(Batch, kv head) ``bhk``'s statistics from :func:`_chan_stats`' partials (SQ chunks of each of the G
-    query heads, whose rows follow each other, SK chunks of the key head, SV of the value head): the K mean
-    (fp32 sum / NK, IEEE division; read from MEAN when MEAN_GIVEN, else written there), the channel factors
-    s = sqrt(ak / aq) (RESCALE; aq = max |q| over the G query heads, ak = max |k - mean| = max(kmax - mean,
-    mean - kmin), exact since x -> x - mean is monotone; 1 where either is 0 or not finite, NaN included, as
+def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, D,
+                    MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
+    query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
+    when MEAN_GIVEN, else written there), the channel factors s = sqrt(ak / aq) (RESCALE; aq = max |q|
+    over the G query heads, ak = max |k - mean| = max(kmax - mean, mean - kmin), exact since x -> x -
+    mean is monotone; 1 where either is 0 or not finite, NaN included, as
     :func:`sage_compile.reference.quant.channel_balance`) and V's scales amax / 448 (DO_V), all with IEEE
-    division and square root: the reference's bits given the mean. One loop over the partial rows, FIN_ROWS
-    of every statistic per step, loaded before any is reduced (the loads of the five statistics in flight
-    together, not one reduction's after another's). The K sum adds the steps' column sums in order (the
-    mean's bits are a function of the token count alone, as :func:`stats_chunk` requires); the min and max
-    are exact in any order (NaN-propagating)."""
+    division and square root: the reference's bits given the mean."""
+    bhk = tl.program_id(0)
     rd = tl.arange(0, BLOCK_D)
     m = rd < D
-    inf = float("inf")
-    tot = tl.zeros((BLOCK_D,), tl.float32)
-    aq = tl.zeros((BLOCK_D,), tl.float32)
-    kmin = tl.full((BLOCK_D,), inf, tl.float32)
-    kmax = tl.full((BLOCK_D,), -inf, tl.float32)
-    vmax = tl.full((BLOCK_D,), -inf, tl.float32)
-    nq = G * SQ
-    for s0 in range(0, NROWS, FIN_ROWS):  # (NROWS: the most partial rows of any statistic taken)
-        if not MEAN_GIVEN:
-            a_sum = _rows(KSUM, bhk * SK, SK, s0, rd, m, D, 0.0, FIN_ROWS)
-        if RESCALE:
-            a_q = _rows(QAMAX, bhk * nq, nq, s0, rd, m, D, 0.0, FIN_ROWS)
-            a_lo = _rows(KMIN, bhk * SK, SK, s0, rd, m, D, inf, FIN_ROWS)
-            a_hi = _rows(KMAX, bhk * SK, SK, s0, rd, m, D, -inf, FIN_ROWS)
-        if DO_V:
-            a_v = _rows(VAMAX, bhk * SV, SV, s0, rd, m, D, -inf, FIN_ROWS)
-        if not MEAN_GIVEN:
-            tot += tl.sum(a_sum, axis=0)
-        if RESCALE:
-            aq = _max_nan(aq, tl.reduce(a_q, 0, _max_nan))
-            kmin = _min_nan(kmin, tl.reduce(a_lo, 0, _min_nan))
-            kmax = _max_nan(kmax, tl.reduce(a_hi, 0, _max_nan))
-        if DO_V:
-            vmax = _max_nan(vmax, tl.reduce(a_v, 0, _max_nan))
     if MEAN_GIVEN:
         mu = tl.load(MEAN + bhk * D + rd, mask=m, other=0.0)
     else:
+        tot = _split_reduce(KSUM, bhk * SK, SK, rd, m, D, 0, SPLIT_BLOCK, BLOCK_D)
         mu = tl.math.div_rn(tot, tl.full((BLOCK_D,), NK, tl.float32))
         tl.store(MEAN + bhk * D + rd, mu, mask=m)
     if RESCALE:
+        aq = tl.zeros((BLOCK_D,), tl.float32)
+        for g in range(0, G):
+            aq = _max_nan(aq, _split_reduce(QAMAX, (bhk * G + g) * SQ, SQ, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D))
+        kmin = _split_reduce(KMIN, bhk * SK, SK, rd, m, D, 1, SPLIT_BLOCK, BLOCK_D)
+        kmax = _split_reduce(KMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)
         ak = _max_nan(kmax - mu, mu - kmin)
+        inf = float("inf")
         ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
         s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
         tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
-    if DO_V:  # max |v| (+0.0 for -0.0)
-        tl.store(VS + bhk * D + rd, tl.math.div_rn(vmax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
+    if DO_V:
+        amax = _split_reduce(VAMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)  # max |v| (+0.0 for -0.0)
+        tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
 
 
 def _block_d(d: int) -> int:
@@ -318,12 +292,11 @@ STATS_UNROLL = 4  # tiles of :func:`_stats_program` loaded per step. H200 run 56
 # launch for all three 0.178 / 0.301 with 1 tile per step, 0.167 / 0.287 with 2, 0.164 / 0.285 with 4
 
 
-def _stats_slots(specs):
-    """:func:`_chan_stats`' per-tensor arguments for up to three ``(x_hnd (B, H, N, D) any strides, do_sum,
-    range_mode)`` of one head dim, with the partial buffers they fill: ``(flat args, constexprs, outs,
-    programs)``, ``outs`` per spec ``(sum, min, max, nsplit)``, each (B·H, nsplit, D) fp32 or None
-    (:func:`_stats_program`): the sum if ``do_sum``; ``range_mode`` 1 the min and max, 2 the max of |x| (as
-    ``max``), 0 neither."""
+def chan_stats(*specs):
+    """Per-chunk channel partials of up to three tensors of one head dim in one launch: each spec is
+    ``(x_hnd (B, H, N, D) any strides, do_sum, range_mode)``; returns per spec ``(sum, min, max, nsplit)``,
+    each (B·H, nsplit, D) fp32 or None (:func:`_stats_program`): the sum if ``do_sum``; ``range_mode`` 1
+    the min and max, 2 the max of |x| (as ``max``), 0 neither."""
     args, consts, outs = [], [], []
     for x, do_sum, range_mode in specs:
         b, h, n, d = x.shape
@@ -337,29 +310,29 @@ def _stats_slots(specs):
         args.append([x, *(_or(t, any_buf) for t in (sm, lo, hi)), *x.stride(), h, n, nsplit, nsplit * b * h])
         consts.append((do_sum, range_mode, chunk))
         outs.append((sm, lo, hi, nsplit))
-    assert 1 <= len(specs) <= 3 and len({a[0].shape[3] for a in args}) == 1, "one to three tensors of one head dim"
+    nt = len(specs)
+    assert 1 <= nt <= 3 and len({a[0].shape[3] for a in args}) == 1, "one to three tensors of one head dim"
     programs = sum(a[-1] for a in args)
     while len(args) < 3:  # unused slots: tensor 0 again, with no programs (never read: NT)
         args.append(args[0][:-1] + [0])
         consts.append(consts[0])
-    flat = [*args[0], *args[1], *args[2][:-1], args[0][0].shape[3]]
-    return flat, [c for cs in consts for c in cs], outs, programs
+    d = args[0][0].shape[3]
+    flat = [*args[0], *args[1], *args[2][:-1], d]
+    block_d = _block_d(d)
+    _chan_stats[(programs,)](*flat, *(c for cs in consts for c in cs), NT=nt,
+                             BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d, UNROLL=STATS_UNROLL)
+    return outs
 
 
 def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optional[torch.Tensor],
                 mean: Optional[torch.Tensor] = None):
-    """The prologue's token reductions in one launch (:func:`_chan_stats`: per-chunk partials of each given
-    tensor, each (batch, kv head)'s last program finalizing them): ``(mean (B, Hkv, D), s (B, Hkv, D) or None,
-    v scales (B, Hkv, D) or None)``, fp32. ``q_hnd`` given: the channel factors of (Q, K - mean); ``v_hnd``
-    given: V's FP8 scales; ``mean`` given (B, Hkv, D): used instead of K's own (then K's sum is not taken). K
-    needs its min and max (max |k - mean| comes from them), Q and V only their largest magnitude (one
-    accumulator)."""
+    """The prologue's token reductions in two steps (:func:`chan_stats` over each given tensor, then one
+    :func:`_stats_finalize`): ``(mean (B, Hkv, D), s (B, Hkv, D) or None, v scales (B, Hkv, D) or None)``,
+    fp32. ``q_hnd`` given: the channel factors of (Q, K - mean); ``v_hnd`` given: V's FP8 scales;
+    ``mean`` given (B, Hkv, D): used instead of K's own (then K's sum is not taken). K needs its min and
+    max (max |k - mean| comes from them), Q and V only their largest magnitude (one accumulator)."""
     b, hkv, nk, d = k_hnd.shape
     rescale, do_v = q_hnd is not None, v_hnd is not None
-    dev = k_hnd.device
-    mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
-    s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
-    vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
     specs = {}
     if mean is None or rescale:
         specs["k"] = (k_hnd, mean is None, 1 if rescale else 0)
@@ -367,24 +340,19 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
         specs["q"] = (q_hnd, False, 2)
     if do_v:
         specs["v"] = (v_hnd, False, 2)
-    if not specs:  # (the mean given, nothing else asked: nothing to reduce)
-        return mean_out, s, vs
-    flat, consts, outs, programs = _stats_slots(list(specs.values()))
-    parts = dict(zip(specs, outs))
+    parts = dict(zip(specs, chan_stats(*specs.values()))) if specs else {}
     none = (None, None, None, 1)
     ksum, kmin, kmax, sk = parts.get("k", none)
     _, _, qamax, sq = parts.get("q", none)
-    _, _, vamax, sv = parts.get("v", none)
+    vamax = parts.get("v", none)[2]
+    dev = k_hnd.device
+    mean_out = mean.contiguous() if mean is not None else torch.empty((b, hkv, d), dtype=torch.float32, device=dev)
+    s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
+    vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
     g = q_hnd.shape[1] // hkv if rescale else 1
-    # programs feeding each (batch, kv head): its K and V chunks, and the chunks of its g query heads
-    per_unit = (sk if "k" in parts else 0) + (g * sq if rescale else 0) + (sv if do_v else 0)
-    nrows = max(sk if "k" in parts else 0, g * sq if rescale else 0, sv if do_v else 0)  # partial rows to finalize
-    cnt = torch.zeros(b * hkv, dtype=torch.int32, device=dev)
-    block_d = _block_d(d)
-    _chan_stats[(programs,)](*flat, cnt, per_unit, hkv, *(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)),
-                             mean_out, _or(s, mean_out), _or(vs, mean_out), g, sq, sk, sv, nk, nrows, *consts, NT=len(specs),
-                             BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d, UNROLL=STATS_UNROLL,
-                             MEAN_GIVEN=mean is not None, RESCALE=rescale, DO_V=do_v)
+    _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)), mean_out,
+                                _or(s, mean_out), _or(vs, mean_out), g, sq, sk, nk, d, MEAN_GIVEN=mean is not None,
+                                RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
     return mean_out, s, vs
 
 
