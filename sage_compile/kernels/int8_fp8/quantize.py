@@ -14,9 +14,10 @@ of a strided (B, N, H, D) view took ~17 launches and most of the prologue's time
 ``aminmax`` over Q and K 0.14 ms at CogVideoX's 16K tokens, the whole prologue 0.39 ms).
 Timed and reverted (run 99, an H100, ``benchmarks/results/prologue_run99_0c27a82_h100.*``): the finalize inside
 the statistics launch, run by each (batch, kv head)'s last program (a barrier, a GPU-scope fence and an atomic
-at the end of every statistics program): the statistics went 0.076 -> 0.087 ms at CogVideoX 16K and 0.119 ->
-0.147 at Flux 16K, more than the finalize launch it saved (0.010 / 0.016 ms): the op 0.205 -> 0.207 and 0.344
--> 0.357 ms, slower at 4K too. Run 96 had merged all five launches, slower still.
+at the end of every statistics program). The op, same process: CogVideoX 4K / 16K 0.0670 -> 0.0693 / 0.2048 ->
+0.2065 ms, Flux 0.1149 -> 0.1279 / 0.3443 -> 0.3573 ms; its statistics kernel took 0.087 / 0.147 ms at 16K, where
+run 97's profile of the five launches had 0.076 / 0.119 ms plus the finalize's 0.010 / 0.016 ms. Run 96 had merged
+all five launches, slower still.
 """
 from __future__ import annotations
 
