@@ -160,7 +160,7 @@
 // 0.90-0.92x at hd64 (4K-17,776 tokens) and 0.98x at hd128 16K. Since S's magic start, the integer row max
 // and the uniform warpgroup index, the causal full-tile loop is 412 / 454 instructions (hd64 / hd128) against
 // the one loop's 614 / 651, and the own loop pays causal too: runs 97-98 (an H100, no H200 could be started;
-// cuda_variants_run9[78]_*, 2 x 30 heads, identical outputs) hd128 causal 16K 868-878 -> 885-893 TOPS, 8K
+// cuda_variants_run9[78]_*, 2 x 30 heads, identical outputs) hd128 causal 16K 832-878 -> 885-899 TOPS, 8K
 // 747-795 -> 774-807, 4K 667-674 -> 681-687; hd64 causal 16K 567-585 -> 581-588, 4K 419-424 -> 423-431. So 3.
 #ifndef SAGE_EDGELOOP
 #define SAGE_EDGELOOP 3
