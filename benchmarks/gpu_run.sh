@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session's steps, logs under $OUT (see benchmarks/README.md):
-#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block train e2e robust ncu ncu_cuda
+#   SAGE_COMPILE_COMMIT=<sha> bash benchmarks/gpu_run.sh tests tune bench block variants train e2e robust ncu ncu_cuda
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -21,6 +21,10 @@ for step in "$@"; do
            tail -40 "$OUT/${BENCH_NAME:-attention_h200}.log" ;;
     block) timeout ${BLOCK_TIMEOUT:-900} python3 benchmarks/bench_block.py --out "$OUT/block_h200.json" ${BLOCK_ARGS:-} > "$OUT/block.log" 2>&1
            tail -40 "$OUT/block.log" ;;
+    variants) timeout ${VARIANTS_TIMEOUT:-400} python3 benchmarks/cuda_variants.py --variants "${VARIANTS:-base=;p1=-DSAGE_EXP2POLY=1;p2=-DSAGE_EXP2POLY=2;base2=}" \
+                ${VARIANT_ARGS:---batch 2 --heads 30 --shapes 64:17776:none,64:4096:none,64:16384:top_left,128:16384:none,128:16384:top_left} \
+                --out "$OUT/cuda_variants.json" > "$OUT/cuda_variants.log" 2>&1
+              grep -v -i warn "$OUT/cuda_variants.log" | tail -12 ;;
     train) timeout ${TRAIN_TIMEOUT:-300} python3 benchmarks/bench_train.py --out "$OUT/train_h200.json" > "$OUT/train.log" 2>&1
            tail -12 "$OUT/train.log" ;;
     e2e) for m in ${E2E_MODELS:-cogvideox flux}; do
