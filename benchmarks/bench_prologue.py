@@ -47,27 +47,18 @@ KERNEL_BYTES = {"_chan_stats": 6, "_quant_rows_int8": 6, "_quant_v_fp8": 3, "_st
 
 
 def kernel_times(fn, qkv, base: dict, label: str, calls: int = 20) -> list:
-    """CUDA time per call of each kernel ``fn`` launches (torch.profiler over ``calls`` calls), printed with the
-    bandwidth it implies (:data:`KERNEL_BYTES`); records ``metric: ms``, ``variant: <variant>/<kernel>``."""
-    from torch.profiler import ProfilerActivity, profile
+    """CUDA time per call of each kernel ``fn`` launches (:func:`diag_train._kernel_ms`: torch.profiler over
+    ``calls`` calls), printed with the bandwidth it implies (:data:`KERNEL_BYTES`); records ``metric: ms``,
+    ``variant: <variant>/<kernel>``."""
+    from diag_train import _kernel_ms
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name] = per.get(e.name, 0.0) + e.device_time / 1e3 / calls  # us -> ms per call
     numel = qkv[0].numel()
     recs = []
-    for name, ms in sorted(per.items(), key=lambda x: -x[1]):
+    for name, ms in _kernel_ms(fn, calls).most_common():
         nb = next((v for kk, v in KERNEL_BYTES.items() if kk in name), None)
         bw = f"  {nb * numel / ms / 1e9:5.2f} TB/s" if nb else ""
         print(f"{label} kernel {name[:40]:40s} {ms:7.4f} ms{bw}", flush=True)
-        recs.append(dict(base, variant=f"{base['variant']}/{name[:60]}", metric="ms", value=ms,
+        recs.append(dict(base, variant=f"{base['variant']}/{name}", metric="ms", value=ms,
                          note=f"CUDA time per call (torch.profiler, {calls} calls)"))
     return recs
 
