@@ -21,7 +21,7 @@ for step in "$@"; do
            tail -40 "$OUT/${BENCH_NAME:-attention_h200}.log" ;;
     block) timeout ${BLOCK_TIMEOUT:-900} python3 benchmarks/bench_block.py --out "$OUT/block_h200.json" ${BLOCK_ARGS:-} > "$OUT/block.log" 2>&1
            tail -40 "$OUT/block.log" ;;
-    variants) timeout ${VARIANTS_TIMEOUT:-400} python3 benchmarks/cuda_variants.py --variants "${VARIANTS:-base=;p1=-DSAGE_EXP2POLY=1;p2=-DSAGE_EXP2POLY=2;base2=}" \
+    variants) timeout ${VARIANTS_TIMEOUT:-400} python3 benchmarks/cuda_variants.py --variants "${VARIANTS:-base=;e1=-DSAGE_EDGELOOP=1;base2=}" \
                 ${VARIANT_ARGS:---batch 2 --heads 30 --shapes 64:17776:none,64:4096:none,64:16384:top_left,128:16384:none,128:16384:top_left} \
                 --out "$OUT/cuda_variants.json" > "$OUT/cuda_variants.log" 2>&1
               grep -v -i warn "$OUT/cuda_variants.log" | tail -12 ;;

@@ -85,9 +85,10 @@
 // (hd128), below MUFU's 512 cycles: a few exps on the FMA pipe could balance the two. Offline SASS (degree 3), tile
 // loop instructions hd64 / hd128: 411 / 454 without, 444 / 487 with k = 1 (4 exps of 64 a tile), 476 / 519 with k =
 // 2 (degree 5: 492 / 535); MUFU's cycles a warp then 480 and 448. Only a balance of throughputs: the loop is not
-// MUFU-bound alone (run 75: MUFU at 59 % of its peak), so only a GPU can tell. Off (0) by default, not yet timed
-// (the knob came back in this form after run 99). Degree 3's relative error is 7.5e-5, far below E4M3's rounding
-// of P~; the row sums take it as it is.
+// MUFU-bound alone (run 75: MUFU at 59 % of its peak), so only a GPU can tell. Run 100 (H100, 214ad10,
+// results/cuda_variants_run100_*) timed it: slower, so off (0). hd64 16K 629-635 TOPS -> 592 (k = 1) / 558 (k = 2),
+// causal 578-582 -> 545 / 532; hd128 16K 893-901 -> 907 / 883 (within the spread), causal 794-883 -> 733 / 821.
+// Degree 3's relative error is 7.5e-5, far below E4M3's rounding of P~; the row sums take it as it is.
 #ifndef SAGE_EXP2POLY
 #define SAGE_EXP2POLY 0
 #endif
