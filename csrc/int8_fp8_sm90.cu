@@ -195,16 +195,6 @@
 #ifndef SAGE_KRLOOP128
 #define SAGE_KRLOOP128 0
 #endif
-// SAGE_PERSIST 1 (not the key-range kernels): persistent CTAs. The grid is min(work items, SMs); the work items are
-// the non-persistent grid's CTAs in its launch order (item bh * nblk + x: query block nblk - 1 - x of (batch, head)
-// bh, so causal rows run longest first within a head) and CTA c takes items c, c + grid, ...; the ring's slots and
-// phases and Q's barrier run on across the items. The producer loads the next item's first tiles into the stages
-// that the current item's last tiles free, then its Q once every consumer warp has marked Q done (q_empty, after
-// its last S), so that a new item starts without the launch, the barrier set-up and the pipeline's first loads in
-// between, and the epilogue overlaps the next item's loads. 0 (default): one CTA per work item.
-#ifndef SAGE_PERSIST
-#define SAGE_PERSIST 0
-#endif
 
 namespace sage_sm90 {
 
@@ -304,7 +294,6 @@ struct Params {
   float c;     // softmax scale * log2(e)
   int coff;    // causal: key n visible from query m iff n <= m + coff
   long long sob, soh, son;
-  int nbh;     // batch * query heads (SAGE_PERSIST: the work items are nbh x the query blocks)
 };
 
 template <int D, int STAGES>
@@ -318,7 +307,7 @@ struct Layout {
   static constexpr int kV = kK + STAGES * kKBytes;
   static constexpr int kS = kV + STAGES * kVBytes;
   static constexpr int kBar = kS + STAGES * kSBytes;
-  static constexpr int kBytes = kBar + 8 * (2 + 3 * STAGES) + 1024;  // + alignment slack
+  static constexpr int kBytes = kBar + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
 };
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
@@ -692,8 +681,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
   static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
                 "2 warpgroups, 3 without ping-pong, or 4 with split waits");
-  constexpr bool kPersist = SAGE_PERSIST != 0 && !KR;
-  static_assert(!(kPersist && (kLag || kTurn)), "SAGE_PERSIST: not with SAGE_PVLAG or the exp ring");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + L::kQ;
@@ -705,19 +692,13 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   uint64_t* k_full = bars + 1;  // K tile + its scales
   uint64_t* v_full = bars + 1 + STAGES;
   uint64_t* empty = bars + 1 + 2 * STAGES;
-  uint64_t* q_empty = bars + 1 + 3 * STAGES;  // SAGE_PERSIST: every consumer warp is done with the item's Q
 
   // KR (key-range masks): a device-side flag says which of the launched kernels serves (mask_structure in
   // kernels/int8_fp8/attention.py); the others leave before touching anything
   if (KR && __ldg(p.flag) != p.want) return;
-  // the CTA's work items: one (query block gridDim.x - 1 - blockIdx.x: causal's longest rows first, of (batch, head)
-  // blockIdx.y), or with SAGE_PERSIST items it0, it0 + it_step, ... < n_items in that order (see the knob)
-  const int nblk = (p.lq + kBM - 1) / kBM;
-  const int n_items = kPersist ? nblk * p.nbh : 1;
-  const int it0 = kPersist ? static_cast<int>(blockIdx.x) : 0, it_step = kPersist ? static_cast<int>(gridDim.x) : 1;
-  auto item_m0 = [&](int it) { return (kPersist ? nblk - 1 - it % nblk : static_cast<int>(gridDim.x - 1 - blockIdx.x)) * kBM; };
-  auto item_bh = [&](int it) { return kPersist ? it / nblk : static_cast<int>(blockIdx.y); };
-  const int bh = blockIdx.y;  // (KR only: the batch's key range; KR kernels are never persistent)
+  const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
+  const int bh = blockIdx.y;
+  const int m0 = m_blk * kBM;
   // visible keys [klo, khi) (KR: this batch's range); the tiles j0 .. j0 + n_tiles - 1, 128-key aligned as in
   // the reference (the K scales' groups and P's per-tile scale follow those tiles)
   int klo = 0, khi = p.lk;
@@ -728,11 +709,10 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     khi = min(p.lk, __ldg(p.krange + 2 * b + 1));
     if (threadIdx.x == 0) srange[0] = klo, srange[1] = khi;  // (read by the masked tiles, see key_range)
   }
+  int hi = khi;
+  if (CAUSAL) hi = min(khi, m0 + kBM + p.coff);
   const int j0 = KR ? klo / kBN : 0;
-  auto tiles_of = [&](int m0) {  // the item's tiles: j0 .. j0 + n_tiles - 1
-    const int hi = CAUSAL ? min(khi, m0 + kBM + p.coff) : khi;
-    return hi > klo ? (hi + kBN - 1) / kBN - j0 : 0;
-  };
+  const int n_tiles = hi > klo ? (hi + kBN - 1) / kBN - j0 : 0;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   if (threadIdx.x == 0) {
@@ -742,7 +722,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], kCW);
     }
-    mbar_init(q_empty, kCW);
     if (kTurn) turn_zero = 0.f;
     if (kMagic)
       for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
@@ -753,14 +732,16 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   if (warp >= kCW) {  // producer warpgroup: gives its registers to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (warp == kCW && lane == 0) {
+      const int bhk = (bh / p.hq) * (p.hq / p.group) + (bh % p.hq) / p.group;  // K/V's (batch, kv head)
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_v);
       tma_prefetch(&tm_s);
-      // the ring's g-th tile over the CTA's items (slot g % STAGES), key tile j, of K/V head bhk
-      auto load_tile = [&](unsigned g, int j, int bhk) {
-        const int s = g % STAGES;
-        if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) - 1) & 1);
+      mbar_expect_tx(q_full, L::kQBytes);
+      tma_load_3d(sq, &tm_q, q_full, 0, m0, bh);
+      for (int i = 0; i < n_tiles; ++i) {  // the i-th tile of this CTA (ring slot and phase), key tile j
+        const int s = i % STAGES, j = j0 + i;
+        if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
         mbar_expect_tx(&k_full[s], L::kKBytes + L::kSBytes);
         if (SAGE_KPERM) {
 #pragma unroll
@@ -773,27 +754,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         tma_load_3d(ss + s * kBN, &tm_s, &k_full[s], j * kBN, bhk, 0);
         mbar_expect_tx(&v_full[s], L::kVBytes);
         tma_load_3d(sv + s * L::kVBytes, &tm_v, &v_full[s], j * kBN, 0, bhk);
-      };
-      unsigned g = 0;
-      for (int it = it0, k = 0; it < n_items; it += it_step, ++k) {
-        const int ibh = item_bh(it), m0 = item_m0(it), n_tiles = tiles_of(m0);
-        const int bhk = (ibh / p.hq) * (p.hq / p.group) + (ibh % p.hq) / p.group;  // K/V's (batch, kv head)
-        // Q first (one item); SAGE_PERSIST: after the first STAGES tiles, whose stages the previous item's last
-        // tiles free, and once every consumer warp is done with the previous Q
-        const int q_at = kPersist ? min(n_tiles, STAGES) : 0;
-        for (int i = 0; i < n_tiles; ++i) {
-          if (i == q_at) {
-            if (kPersist && k > 0) mbar_wait(q_empty, (k - 1) & 1);
-            mbar_expect_tx(q_full, L::kQBytes);
-            tma_load_3d(sq, &tm_q, q_full, 0, m0, ibh);
-          }
-          load_tile(g++, j0 + i, bhk);
-        }
-        if (q_at == n_tiles) {
-          if (kPersist && k > 0) mbar_wait(q_empty, (k - 1) & 1);
-          mbar_expect_tx(q_full, L::kQBytes);
-          tma_load_3d(sq, &tm_q, q_full, 0, m0, ibh);
-        }
       }
     }
     return;
@@ -805,12 +765,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   // treats it as warp-uniform, and what derives from it (Q's descriptor, the barrier ids) lives in uniform registers)
   const int wg = kTurn || kLag || SAGE_WGSHFL ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
   const int w = warp % 4, g = lane / 4, t = lane % 4;
-  const int my_bar = 1 + wg, other_bar = 2 - wg;
-  unsigned gb = 0;  // the ring's tile count before this item (its j-th tile is the ring's tile gb + j)
-  for (int it = it0, k = 0; it < n_items; it += it_step, ++k) {
-  const int ibh = item_bh(it), m0 = item_m0(it), n_tiles = tiles_of(m0);
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
-  const float* qs = p.qs + static_cast<size_t>(ibh) * p.lq;
+  const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
   // a zero row scale (padding rows, all-zero query rows) becomes the smallest normal float: every finite
   // logit then still gives the exp argument log2(448) exactly (uniform attention, as the reference) and a
   // masked -inf stays -inf (0 * -inf would be NaN); NaN scales stay NaN
@@ -819,6 +775,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   qsc0 = qsc0 == 0.f ? 1.17549435e-38f : qsc0;
   qsc1 = qsc1 == 0.f ? 1.17549435e-38f : qsc1;
   const int wg_first = m0 + wg * 64;
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
 
   float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
   float o[D / 2];
@@ -826,7 +783,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   const uint64_t dq = smem_desc<D>(sq + wg * 64 * D);
 
-  mbar_wait(q_full, k & 1);
+  mbar_wait(q_full, 0);
   if (n_tiles > 0) {
     // Ping-pong (kPP): a warpgroup's turn at the tensor cores issues PV of its current tile and S of its
     // next one; the other warpgroup's softmax runs meanwhile. Warpgroup 0 starts. Without kPP the same
@@ -850,9 +807,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
     if constexpr (kMagic) s_magic_fill(sacc);
-    mbar_wait(&k_full[gb % STAGES], (gb / STAGES) & 1);
+    mbar_wait(&k_full[0], 0);
     wg_fence();
-    issue_s<D, kMagic>(sacc, dq, sk + (gb % STAGES) * L::kKBytes);
+    issue_s<D, kMagic>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
     wg_wait0();
@@ -861,9 +818,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // <1> it does, <2> a runtime test (SAGE_EDGELOOP's bit unset)
     auto tile = [&](int j, auto edge_c) {  // j: the CTA's j-th tile (key tile j0 + j)
       constexpr int kEdge = decltype(edge_c)::value;
-      const unsigned gj = gb + static_cast<unsigned>(j);  // the ring's tile (unsigned: % and / are masks and shifts)
-      const int s = gj % STAGES;
-      const uint32_t parity = (gj / STAGES) & 1;
+      const int s = j % STAGES;
+      const uint32_t parity = (j / STAGES) & 1;
       // the key range, n0 and edge matter to tiles that may need a mask only; KR reads the range from
       // shared memory there, so that it is not held in registers across the loop of the full tiles (at hd64
       // three more live registers changed that loop's schedule: 21 % slower, run 61)
@@ -880,17 +836,17 @@ __global__ void __launch_bounds__(threads<D>(), 1)
           mbar_wait(&v_full[s], parity);
           wg_wait0();
           reg_fence(ot_lag);
-          if (j > 0) mbar_arrive_one(&empty[(gj + STAGES - 1) % STAGES]);  // that tile's stage is free
+          if (j > 0) mbar_arrive_one(&empty[(j + STAGES - 1) % STAGES]);  // that tile's stage is free
           fold_tile<D>(o, ot_lag, alpha);
         };
         softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa_lag, m_i, l_i, alpha, ss + s * kBN, edge, n0,
                                                              kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg, fold_prev);
         if constexpr (kMagic) s_magic_fill(sacc);
         const bool more = j + 1 < n_tiles;
-        const int s1 = more ? (gj + 1) % STAGES : s;
+        const int s1 = more ? (j + 1) % STAGES : s;
         // the turn: S of the next tile (its own commit group), then PV of this one; wait for S alone
         named_sync<kPP>(my_bar);
-        if (more) mbar_wait(&k_full[s1], ((gj + 1) / STAGES) & 1);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
         issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
         wg_commit();
@@ -910,7 +866,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
-      const int s1 = more ? (gj + 1) % STAGES : s;
+      const int s1 = more ? (j + 1) % STAGES : s;
       float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
       if constexpr (kSplit) {  // PV, wait, fold; then S of the next tile, wait (no wgmma in flight between)
         mbar_wait(&v_full[s], parity);
@@ -923,7 +879,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         reg_fence(ot);
         mbar_arrive_one(&empty[s]);  // S of this tile and its PV are done with the stage
         fold_tile<D>(o, ot, alpha);
-        if (more) mbar_wait(&k_full[s1], ((gj + 1) / STAGES) & 1);
+        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         if constexpr (kMagic) s_magic_fill(sacc);  // (after PV: not live beside its operands)
         wg_fence();
         issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
@@ -934,7 +890,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       }
       named_sync<kPP>(my_bar);
       mbar_wait(&v_full[s], parity);
-      if (more) mbar_wait(&k_full[s1], ((gj + 1) / STAGES) & 1);
+      if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < kBN / 32; ++kk)
@@ -970,7 +926,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       fold_tile<D>(o, ot_lag, alpha);
     }
   }
-  if constexpr (kPersist) mbar_arrive_one(q_empty);  // (every wgmma of the item, the dropped last S too, is done)
 
   // epilogue: full row sums over the quad, O * delta_V / l (0 for rows that see no key)
   float l0 = l_i[0], l1 = l_i[1];
@@ -979,7 +934,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   const float inv0 = l0 == 0.f ? 0.f : 1.f / l0, inv1 = l1 == 0.f ? 0.f : 1.f / l1;
-  const int bh_e = kPersist ? ibh : ctaid_y(), b = bh_e / p.hq, h = bh_e % p.hq;
+  const int bh_e = ctaid_y(), b = bh_e / p.hq, h = bh_e % p.hq;
   const float* vs = p.vs + static_cast<size_t>(b * (p.hq / p.group) + h / p.group) * D;
   OutT* out = static_cast<OutT*>(p.out) + b * p.sob + h * p.soh;
 #pragma unroll
@@ -989,8 +944,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if (r0 < p.lq) store2<OutT>(out + r0 * p.son + col, o[4 * i + 0] * inv0 * v0, o[4 * i + 1] * inv0 * v1);
     if (r0 + 8 < p.lq)
       store2<OutT>(out + (r0 + 8) * p.son + col, o[4 * i + 2] * inv1 * v0, o[4 * i + 3] * inv1 * v1);
-  }
-  gb += static_cast<unsigned>(n_tiles);
   }
 #endif
 }
@@ -1004,12 +957,6 @@ int launch(const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv, 
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes) != cudaSuccess)
     return 12;
   dim3 grid((p.lq + block_m<D>() - 1) / block_m<D>(), b * p.hq);
-  if (SAGE_PERSIST && !KR) {  // persistent: one CTA per SM at most
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      return 13;
-    grid = dim3(static_cast<unsigned>(min(static_cast<long long>(grid.x) * grid.y, static_cast<long long>(sms))));
-  }
   kernel<<<grid, threads<D>(), L::kBytes, stream>>>(mq, mk, mv, ms, p);
   return cudaGetLastError() == cudaSuccess ? 0 : 13;
 }
@@ -1068,7 +1015,7 @@ extern "C" int sage_int8_fp8_sm90_fwd(const void* q8, const float* qs, const voi
   if (!rc) rc = make_map(&mv, v8, 3, v_dims, v_str, v_box, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!rc) rc = make_map(&ms, ks, 3, s_dims, s_str, s_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
-  Params p{qs, vs, krange, flag, want, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son, b * hq};
+  Params p{qs, vs, krange, flag, want, out, hq, hq / hkv, lq, lk, c, coff, sob, soh, son};
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (d == 128)
     return out_fp16 ? dispatch_causal<128, __half>(mq, mk, mv, ms, p, b, causal, st)
