@@ -696,6 +696,11 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   // KR (key-range masks): a device-side flag says which of the launched kernels serves (mask_structure in
   // kernels/int8_fp8/attention.py); the others leave before touching anything
   if (KR && __ldg(p.flag) != p.want) return;
+  // One CTA per (query block, batch x head), causal's longest rows first within each head. Persistent CTAs (one per
+  // SM taking the same items round-robin, the ring and Q's barrier running on across items, the next item's
+  // loads under this one's last tile and epilogue; code at 59c6a66) were slower, same outputs: run 101 (H100,
+  // kernel only, 2 x 30 heads) hd128 16K 883 vs 891-903 TOPS, 8K 836 vs 855-859, causal 16K 704 vs 786-875
+  // (a static round-robin balances causal rows worse than the block scheduler), hd64 16K 588 vs 603-606.
   const int m_blk = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows first
   const int bh = blockIdx.y;
   const int m0 = m_blk * kBM;
