@@ -2,6 +2,9 @@
 the knobs at the top of ``csrc/int8_fp8_sm90.cu`` (SAGE_KPERM, SAGE_STAGES*, SAGE_PINGPONG*, SAGE_WG*). All variants
 are compiled in parallel first (one process each), then timed shape by shape on the same quantized inputs,
 kernel only, ``triton.testing.do_bench`` median; each variant's output is compared with the first's.
+``--rounds R`` (default 3) times every variant R times per shape, the variants' order rotated each round, and
+reports the median of the R timings with their range: run 101 saw identical builds timed one after the other differ
+by up to 10 % (hd128 causal 16K 875 vs 786 TOPS), so a single pass in a fixed order favours whichever ran first.
 
     python benchmarks/cuda_variants.py --variants "base=;s3=-DSAGE_STAGES128=3" --out v.json
 
@@ -64,6 +67,7 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--out", default=None)
+    p.add_argument("--rounds", type=int, default=3, help="timings per variant and shape (order rotated each round)")
     p.add_argument("--best-to", default=None, help="write the flags of the fastest variant on the first shape here")
     a = p.parse_args()
     variants = parse_variants(a.variants)
@@ -78,23 +82,27 @@ def main():
         q, k, v = (torch.randn(a.batch, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         qt = KQ.quantize(q, k, v, "HND", True)
         flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
-        row, first = [], None
+        row, first, runs, diffs = [], None, {}, {}
         for name, flags in variants:
             out = torch.empty_like(q)
-            run = lambda m=mods[name], o=out: cuda.attention(*qt, causal, None, o, bhn_strides(o, "HND"), module=m)  # noqa: E731
-            run()
+            runs[name] = lambda m=mods[name], o=out: cuda.attention(*qt, causal, None, o, bhn_strides(o, "HND"), module=m)  # noqa: E731
+            runs[name]()
             torch.cuda.synchronize()
             if first is None:
                 first = out.float()
-                diff = 0.0
-            else:
-                diff = float((out.float() - first).abs().max())
-            ms = do_bench(run, warmup=25, rep=100)
-            tops = flops / ms / 1e9
+            diffs[name] = float((out.float() - first).abs().max())
+        times = {name: [] for name, _ in variants}
+        for r in range(a.rounds):  # the order rotated each round
+            for name, _ in variants[r % len(variants):] + variants[:r % len(variants)]:
+                times[name].append(do_bench(runs[name], warmup=25, rep=100))
+        for name, flags in variants:
+            tops = sorted(flops / ms / 1e9 for ms in times[name])
+            med, diff = tops[len(tops) // 2], diffs[name]
             recs.append(dict(base, kernel="sage_int8_fp8", variant=f"cuda:{name}", flags=flags, head_dim=d, seq_len=n,
-                             causal=causal != "none", batch=a.batch, metric="tops", value=tops,
+                             causal=causal != "none", batch=a.batch, metric="tops", value=med, rounds=tops,
                              max_abs_diff_vs_first=diff))
-            row.append(f"{name}={tops:.0f}" + (f" (diff {diff:.1e})" if diff > 0 else ""))
+            spread = f"[{tops[0]:.0f}-{tops[-1]:.0f}]" if len(tops) > 1 else ""
+            row.append(f"{name}={med:.0f}{spread}" + (f" (diff {diff:.1e})" if diff > 0 else ""))
         print(f"hd{d} N={n} {causal}: " + " ".join(row), flush=True)
         del q, k, v, qt
     if a.best_to:
