@@ -78,23 +78,11 @@
 #ifndef SAGE_PINGPONG128C
 #define SAGE_PINGPONG128C SAGE_PINGPONG128
 #endif
-// SAGE_EXP2POLY k (0..16): k of every 16 exponentials of P~ on the FMA pipe (ex2_poly, a polynomial of degree
-// SAGE_EXP2DEG: 3, 4 or 5) instead of MUFU.EX2. Run 36 (aaff619, results/cuda_variants_run36_*) timed 2-5 of every 8
-// and lost 11-24 % at hd64 16K: the loop then issued 593 instructions a tile, already more than MUFU's 64 x 8 = 512
-// cycles a warp. Since S's magic start, the integer row max and the uniform index it issues 411 (hd64) / 454
-// (hd128), below MUFU's 512 cycles: a few exps on the FMA pipe could balance the two. Offline SASS (degree 3), tile
-// loop instructions hd64 / hd128: 411 / 454 without, 444 / 487 with k = 1 (4 exps of 64 a tile), 476 / 519 with k =
-// 2 (degree 5: 492 / 535); MUFU's cycles a warp then 480 and 448. Only a balance of throughputs: the loop is not
-// MUFU-bound alone (run 75: MUFU at 59 % of its peak), so only a GPU can tell. Run 100 (H100, 214ad10,
-// results/cuda_variants_run100_*) timed it: slower, so off (0). hd64 16K 629-635 TOPS -> 592 (k = 1) / 558 (k = 2),
-// causal 578-582 -> 545 / 532; hd128 16K 893-901 -> 907 / 883 (within the spread), causal 794-883 -> 733 / 821.
-// Degree 3's relative error is 7.5e-5, far below E4M3's rounding of P~; the row sums take it as it is.
-#ifndef SAGE_EXP2POLY
-#define SAGE_EXP2POLY 0
-#endif
-#ifndef SAGE_EXP2DEG
-#define SAGE_EXP2DEG 3
-#endif
+// Some of P~'s exponentials on the FMA pipe by a polynomial (SAGE_EXP2POLY k of every 16, degree SAGE_EXP2DEG; code at
+// 6e84345) was timed twice and dropped: run 36 (2-5 of every 8, 11-24 % slower at hd64 16K, when the loop issued 593
+// instructions a tile) and run 100 (H100, 214ad10, results/cuda_variants_run100_*; the loop then issued 411 / 454 at
+// hd64 / hd128): hd64 16K 629-635 TOPS -> 592 (1 of 16) / 558 (2 of 16), causal 578-582 -> 545 / 532; hd128 16K
+// 893-901 -> 907 / 883, within the spread. hd64's loop is not bound by MUFU's throughput.
 // SAGE_EXPTURN64 (non-causal) / SAGE_EXPTURN64C (causal) 1, hd64, three consumer warpgroups, no ping-pong:
 // the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), one
 // at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by one warp per sub-partition while the
@@ -390,33 +378,6 @@ __device__ __forceinline__ void s_magic_fill(uint32_t (&d)[64]) {
                  : "r"(smem_u32(s_magic)));
 }
 
-// 2^x on the FMA pipe for x <= 127 (-inf and anything below -126 give 2^-126, which E4M3 rounds to 0; NaN stays
-// NaN): x = n + f with n = rint(x) (the 1.5 * 2^23 shift), 2^f for |f| <= 1/2 by a near-minimax polynomial of degree
-// SAGE_EXP2DEG (max relative error 7.5e-5 / 2.7e-6 / 2.3e-7 for 3 / 4 / 5, fitted in fp32), times 2^n made from t's
-// low bits (n in two's complement: (t << 23) + 1.0f's bits). The code of aaff619 (run 36).
-__device__ __forceinline__ float ex2_poly(float x) {
-  asm("max.NaN.f32 %0, %0, 0fC2FC0000;\n" : "+f"(x));  // max(x, -126), NaN-propagating
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  float p;
-  if constexpr (SAGE_EXP2DEG == 3) {
-    p = fmaf(fmaf(fmaf(0.05517163872718811f, f, 0.2426113486289978f), f, 0.6932609677314758f), f,
-             0.9999280571937561f);
-  } else if constexpr (SAGE_EXP2DEG == 4) {
-    p = fmaf(fmaf(fmaf(fmaf(0.009570105001330376f, f, 0.05591791868209839f), f, 0.240247443318367f), f,
-                  0.6931217908859253f), f, 0.9999992847442627f);
-  } else {
-    p = fmaf(fmaf(fmaf(fmaf(fmaf(0.0013276479439809918f, f, 0.009675550274550915f), f, 0.05550713464617729f), f,
-                       0.24022120237350464f), f, 0.6931469440460205f), f, 1.0000001192092896f);
-  }
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3F800000);
-}
-static_assert(SAGE_EXP2DEG >= 3 && SAGE_EXP2DEG <= 5, "SAGE_EXP2DEG: 3, 4 or 5");
-static_assert(SAGE_EXP2POLY >= 0 && SAGE_EXP2POLY <= 16, "SAGE_EXP2POLY: 0..16");
-// P~'s i-th exponential of a tile: SAGE_EXP2POLY of every 16 on the FMA pipe, the rest on MUFU
-__device__ __forceinline__ float ex2_p(float x, int i) {
-  return (i % 16) < SAGE_EXP2POLY ? ex2_poly(x) : ex2(x);
-}
 // S = Q K^T of one tile; MAGIC: onto the accumulator's fill (s_magic_fill), else from zero
 template <int D, bool MAGIC>
 __device__ __forceinline__ void issue_s(uint32_t (&sacc)[64], uint64_t dq, const uint8_t* sk) {
@@ -596,11 +557,11 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     off1 += zero;
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) z[i] = ex2_p(fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0), i);
+  for (int i = 0; i < 64; ++i) z[i] = ex2(fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0));
 #else
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    z[i] = ex2_p(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0), i);  // masked: -inf
+    z[i] = ex2(fmaf(z[i], (i & 2) ? qsc1 : qsc0, (i & 2) ? off1 : off0));  // masked: -inf
   }
 #endif
   split_rows(z, r);
