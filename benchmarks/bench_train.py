@@ -7,7 +7,9 @@ convention), ``triton.testing.do_bench`` median; the sage row includes its quant
 and backward re-quantize Q, K, V); ``int8_train`` with the paper's per-tile ψ(P), ψ(dS) scales,
 ``int8_train_split`` with ``Options(int8_train_psi="split")`` (one scale per row of each matmul's operand),
 ``int8_train_split_cuda`` the same with ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (dK/dV on the CUDA sm90 kernel;
-left out, with the reason, where that kernel did not build).
+left out, with the reason, where that kernel did not build), its dQ from the dQ kernel
+(``SAGE_COMPILE_INT8_TRAIN_DQ=kernel``); ``int8_train_split_cuda_fused`` the same with dQ from the dK/dV kernel
+(``fused``). ``--only`` picks rows (the SDPA ones always run: the ratios are against cuDNN).
 Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
 tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
 """
@@ -30,6 +32,8 @@ def main():
     ap.add_argument("--out", default="benchmarks/results/train_h200.json")
     ap.add_argument("--n", default="2048,4096,8192,16384")
     ap.add_argument("--hd", default="128")
+    ap.add_argument("--causal", default="none,causal")
+    ap.add_argument("--only", default=None, help="comma-separated sage rows to run (default: all)")
     a = ap.parse_args()
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -52,7 +56,7 @@ def main():
         return f
 
     for hd in (int(x) for x in a.hd.split(",")):
-        for causal in (False, True):
+        for causal in (c == "causal" for c in a.causal.split(",")):
             for n in (int(x) for x in a.n.split(",")):
                 b = max(1, 32768 // n)
                 q, k, v = (torch.randn(b, 16, n, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -63,17 +67,22 @@ def main():
                     "int8_train": sage(tile, causal),
                     "int8_train_split": sage(split, causal),
                     "int8_train_split_cuda": sage(split, causal),
+                    "int8_train_split_cuda_fused": sage(split, causal),
                     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
                     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
                 }
                 row = {}
                 for name, f in fns.items():
+                    if a.only and name.startswith("int8") and name not in a.only.split(","):
+                        continue
                     try:
                         def step():
                             o = f(q, k, v)
                             torch.autograd.grad(o, (q, k, v), do)
 
-                        os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda" if name.endswith("_cuda") else "triton"
+                        cuda = "_cuda" in name
+                        os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda" if cuda else "triton"
+                        os.environ["SAGE_COMPILE_INT8_TRAIN_DQ"] = "fused" if name.endswith("_fused") else "kernel"
                         ms = triton.testing.do_bench(step, warmup=10, rep=100)
                         with torch.no_grad():
                             ms_f = triton.testing.do_bench(lambda: f(q, k, v), warmup=10, rep=100)
@@ -82,7 +91,8 @@ def main():
                         continue
                     finally:
                         os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
-                    if name.endswith("_cuda") and not train_cuda.status()["built"]:
+                        os.environ.pop("SAGE_COMPILE_INT8_TRAIN_DQ", None)
+                    if cuda and not train_cuda.status()["built"]:
                         print(f"{name}: not built ({train_cuda.status()['error']}), left out", flush=True)
                         continue
                     row[name] = 3.5 * flops / ms / 1e9
@@ -90,9 +100,7 @@ def main():
                     recs.append(dict(base, variant="fwd_bwd", metric="fwd_bwd_tflops", value=row[name]))
                     recs.append(dict(base, variant="fwd_bwd", metric="ms", value=ms))
                     recs.append(dict(base, variant="fwd", metric="tops", value=flops / ms_f / 1e9))
-                ratios = {s: row[s] / row["sdpa_cudnn"] for s in ("int8_train", "int8_train_split",
-                                                                  "int8_train_split_cuda")
-                          if row.get(s) and row.get("sdpa_cudnn")}
+                ratios = {s: row[s] / row["sdpa_cudnn"] for s in row if s.startswith("int8") and row.get("sdpa_cudnn")}
                 print(f"hd{hd} {'causal' if causal else 'full  '} N={n:6d} B={b:2d}  " +
                       "  ".join(f"{k} {v:6.1f}" for k, v in row.items()) +
                       "".join(f"  {s}/cudnn {r:.2f}" for s, r in ratios.items()), flush=True)

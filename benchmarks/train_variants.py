@@ -38,6 +38,7 @@ def main():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--out", default=None)
+    p.add_argument("--no-triton", action="store_true", help="time the CUDA variants only")
     a = p.parse_args()
     variants = parse_variants(a.variants)
     mods = build_variants("sage_compile.kernels.int8_train.cuda", variants)
@@ -52,7 +53,7 @@ def main():
         qt = KQ.quantize(q, k, v)
         flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
         first = None
-        for name, flags in variants + [("triton", None)]:  # (Triton last: its difference from the first variant)
+        for name, flags in variants + ([] if a.no_triton else [("triton", None)]):  # (Triton last: vs the first)
             if flags is None:
                 os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "triton"
             else:  # this variant's module serves every call of the CUDA path
