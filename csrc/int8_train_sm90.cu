@@ -81,6 +81,11 @@
 #ifndef SAGE_TRAIN_FUSEDQ
 #define SAGE_TRAIN_FUSEDQ 0
 #endif
+// SAGE_TRAIN_FQ_REDS (timing only: 2, the default, is the only correct value): 0 the fused dQ's additions to global
+// memory left out, 1 only those of channels 0-63 (hd128: half the traffic; dQ wrong)
+#ifndef SAGE_TRAIN_FQ_REDS
+#define SAGE_TRAIN_FQ_REDS 2
+#endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -460,7 +465,7 @@ __device__ __forceinline__ void dq_product(uint64_t da_ds, uint64_t db_kt, uint6
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       const int row = row0 + 8 * rh;
-      if (row >= limit) continue;
+      if (row >= limit || SAGE_TRAIN_FQ_REDS == 0 || (SAGE_TRAIN_FQ_REDS == 1 && h == 1)) continue;
       const float f = sq[rh] * kraw;
       float* out = dq_rows + static_cast<size_t>(row) * D + 64 * h + 2 * t;
 #pragma unroll
