@@ -7,9 +7,8 @@ convention), ``triton.testing.do_bench`` median; the sage row includes its quant
 and backward re-quantize Q, K, V); ``int8_train`` with the paper's per-tile ψ(P), ψ(dS) scales,
 ``int8_train_split`` with ``Options(int8_train_psi="split")`` (one scale per row of each matmul's operand),
 ``int8_train_split_cuda`` the same with ``SAGE_COMPILE_INT8_TRAIN_CORE=cuda`` (dK/dV on the CUDA sm90 kernel;
-left out, with the reason, where that kernel did not build), its dQ from the dQ kernel
-(``SAGE_COMPILE_INT8_TRAIN_DQ=kernel``); ``int8_train_split_cuda_fused`` the same with dQ from the dK/dV kernel
-(``fused``). ``--only`` picks rows (the SDPA ones always run: the ratios are against cuDNN).
+left out, with the reason, where that kernel did not build). ``--only`` picks the sage rows (the SDPA ones always
+run: the ratios are against cuDNN), ``--causal`` the masks.
 Also the forward alone. bf16, hd128 (and 64 with --hd), B·N = 32K
 tokens, 16 heads (GQA off). Records follow shared/docs/conventions.md.
 """
@@ -67,7 +66,6 @@ def main():
                     "int8_train": sage(tile, causal),
                     "int8_train_split": sage(split, causal),
                     "int8_train_split_cuda": sage(split, causal),
-                    "int8_train_split_cuda_fused": sage(split, causal),
                     "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, causal),
                     "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION, causal),
                 }
@@ -82,7 +80,6 @@ def main():
 
                         cuda = "_cuda" in name
                         os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda" if cuda else "triton"
-                        os.environ["SAGE_COMPILE_INT8_TRAIN_DQ"] = "fused" if name.endswith("_fused") else "kernel"
                         ms = triton.testing.do_bench(step, warmup=10, rep=100)
                         with torch.no_grad():
                             ms_f = triton.testing.do_bench(lambda: f(q, k, v), warmup=10, rep=100)
@@ -91,7 +88,6 @@ def main():
                         continue
                     finally:
                         os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
-                        os.environ.pop("SAGE_COMPILE_INT8_TRAIN_DQ", None)
                     if cuda and not train_cuda.status()["built"]:
                         print(f"{name}: not built ({train_cuda.status()['error']}), left out", flush=True)
                         continue

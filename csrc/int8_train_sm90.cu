@@ -27,6 +27,15 @@
 //
 // dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; the forward (fwd_kernel) has the same
 // shape; see their comments.
+// dQ fused into this kernel instead (FA2/FA3's way; built and dropped, code at 8ce5b48): per step each warpgroup
+// quantized dS per query over its 64 keys (a reduce-scatter over the quad rows, an amax exchange and two barriers
+// of the warpgroup), wrote ψ(dS) to a 64B-swizzled shared tile, took dQ's INT8 product against a k̂^T tile and added
+// it into an fp32 dQ with red.global.add.v2.f32 (row sums by an n8 product with ones). Correct (GPU tests 34/34,
+// dQ as close to the Triton kernels' as the dQ kernel's) but slower, H100 run 105, hd128 16K B=2 x 16 heads: the
+// backward 25.2 ms with the dQ kernel, 42.4 fused, 33.7 with half the additions, 25.2 with none. The additions
+// (69 GB: every key block adds all of dQ, twice: one per warpgroup) ran at about 4 TB/s; even with none the
+// fused kernel only matched the two kernels, so the smallest traffic possible (one add per key block, 34 GB) could
+// not pay for itself. (benchmarks/results/train_variants_run105_*, train_fused_run104_*.)
 //
 // sage_compile runs them wherever they support the call on sm90 (SAGE_COMPILE_INT8_TRAIN_CORE=auto, the default, or
 // cuda: sage_compile/kernels/int8_train/cuda.py); first run on the H200 in run 82 (tests/test_kernel_int8_train_cuda_gpu.py).
@@ -75,16 +84,6 @@
 // 5.31 -> 4.49 and 14.14 -> 12.81; hd64 7.92 -> 7.17 and 19.08 -> 18.10; the same outputs bit for bit
 #ifndef SAGE_TRAIN_EDGELOOP
 #define SAGE_TRAIN_EDGELOOP 1
-#endif
-// SAGE_TRAIN_FUSEDQ 1: the backward's dQ from the dK / dV kernel (FQ below: each key block's ψ(dS)·k̂ added into
-// an fp32 dQ with red.global, no dQ kernel); 0: the dQ kernel. The module's FUSED_DQ; the Python side's default.
-#ifndef SAGE_TRAIN_FUSEDQ
-#define SAGE_TRAIN_FUSEDQ 0
-#endif
-// SAGE_TRAIN_FQ_REDS (timing only: 2, the default, is the only correct value): 0 the fused dQ's additions to global
-// memory left out, 1 only those of channels 0-63 (hd128: half the traffic; dQ wrong)
-#ifndef SAGE_TRAIN_FQ_REDS
-#define SAGE_TRAIN_FQ_REDS 2
 #endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
@@ -192,8 +191,6 @@ struct Params {
   const float* ks;   // (B*Hkv, nkb): K scales, 64 keys each
   void* dk;
   void* dv;
-  float* dqacc;  // FUSEDQ: (B*Hq, Lq, D) fp32, zeroed: the dQ products of every key block added in (red.global)
-  float* rsacc;  // FUSEDQ: (B*Hq, Lq) fp32, zeroed: the rows' sums of ψ(dS) times their scales (the smoothing term)
   int hq, group, lq, lk, nqb, nkb;
   float c;   // softmax scale * log2(e)
   float sm;  // softmax scale
@@ -212,32 +209,15 @@ struct Frame {
   static constexpr int kBytes = kBar + 8 * (1 + 2 * STAGES) + 1024;
 };
 
-// The dK / dV kernel's fixed tiles: k̂ (int8) and V̂ (16-bit) of the block; with FQ (the fused dQ) also k̂^T (two
-// boxes of D channels x 64 keys, one per warpgroup), the ψ(dS) tiles of the dQ product (2 steps' parity x 2
-// warpgroups x 64 queries x 64 keys, 64B swizzle), the per-query amax exchange (2 x 2 x 64 queries x 4 warps, fp32)
-// and the all-ones B tile of the row sums (8 x 64 bytes), padded so that the ring starts 1024-aligned
-template <int D, bool FQ>
-struct Fixed {
-  static constexpr int kKT = 3 * kBN * D;
-  static constexpr int kDS = kKT + kBN * D;
-  static constexpr int kAmax = kDS + 4 * 64 * 64;
-  static constexpr int kOnes = kAmax + 4 * 64 * 4 * 4;
-  static constexpr int kBytes = FQ ? kOnes + 1024 : kKT;
-};
-
-template <int D, int STAGES, bool FQ = false>
-struct Layout : Frame<Fixed<D, FQ>::kBytes, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4> {
-  using F = Frame<Fixed<D, FQ>::kBytes, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4>;
+template <int D, int STAGES>
+struct Layout : Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4> {
   static constexpr int kKBytes = kBN * D;      // k̂ (int8), one box
   static constexpr int kVBytes = kBN * D * 2;  // V̂ 16-bit, D / 64 chunks of (128 keys x 64 channels)
   static constexpr int kK = 0, kV = kKBytes;
-  static constexpr int kKT = Fixed<D, FQ>::kKT, kDS = Fixed<D, FQ>::kDS, kAmax = Fixed<D, FQ>::kAmax;
-  static constexpr int kOnes = Fixed<D, FQ>::kOnes;
   // a stage: q̂ + dO (16-bit) in perm_base's row order, dO8^T, q̂^T; the extra bytes: each stage's LSE2 (64 fp32)
   // and delta (64 fp32)
   static constexpr int kQ = 0, kDO = kBM * D, kDOT = 3 * kBM * D, kQT = 4 * kBM * D;
-  static constexpr int kL = F::kExtra;
-  static_assert(F::kStage0 % 1024 == 0, "the ring's 128B-swizzled tiles need 1024-byte alignment");
+  static constexpr int kL = Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4>::kExtra;
 };
 
 // 8-bit RNE of x * r (|x * r| <= 127 plus rounding) in the low byte: the bits of x * r + 1.5 * 2^23, not an F2I.
@@ -347,133 +327,6 @@ __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t
     wg_wait0();
     reg_fence(prod);
     fold_int8_product<D, N>(acc, h, prod, f);
-  }
-}
-
-// ------------------------------------------------------------------------------------------ the fused dQ (FQ)
-// Named barrier `id` (1 + warpgroup) over the 128 threads of one consumer warpgroup
-__device__ __forceinline__ void wg_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-// this thread's shared-memory writes made visible to the tensor cores' (async proxy) reads
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
-}
-__device__ __forceinline__ void red_add(float* p, float a) {
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(p), "f"(a) : "memory");
-}
-// d (s32, 64 x 8) (+)= A (64 x 32 s8, smem) * B (8 x 32 s8, smem)^T: with B all ones, every column is A's row sums
-__device__ __forceinline__ void wgmma_s8_ss_n8(uint32_t (&d)[4], uint64_t da, uint64_t db, int accumulate) {
-#if SAGE_SM90A
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0, %1, %2, %3}, %4, %5, p;\n"
-      "}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "l"(da), "l"(db), "r"(accumulate));
-#endif
-}
-
-// The fused dQ's ψ(dS) of one warpgroup's step (FQ): dS^T (64 keys x 64 queries in the accumulator layout of x:
-// element 4i + 2rh + e is key w * 16 + g8 + 8rh, query perm_base(i) + 4t + e) quantized per query over the 64
-// keys (psi="split", as the dQ kernel's ψ(dS) rows) into the A tile of dQ = ψ(dS)·k̂ (64 queries x 64 keys s8 at
-// `tile`, 64B swizzle: byte (q, k) at q * 64 + ((k / 16 ^ q / 2) % 4) * 16 + k % 16). The per-query amax goes
-// through `amax` (64 queries x 4 warps fp32): each warp's 16 keys reduced over its 8 quad rows (a reduce-scatter:
-// 14 shuffles, lane (g8, t) ends with queries perm_base(g8) + 4t + {0, 1}), then the 4 warps' through shared
-// memory. Two barriers of the warpgroup: amax written, tile written (and fenced for the tensor cores).
-__device__ __forceinline__ void psi_cols_to_tile(const float (&x)[32], uint8_t* tile, float* amax, int w, int g8,
-                                                 int t, int bar_id) {
-  float c16[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) c16[2 * i + e] = fmaxf(fabsf(x[4 * i + e]), fabsf(x[4 * i + 2 + e]));
-  const int lane = 4 * g8 + t;
-  float c8[8], c4[4], c2[2];
-  {
-    const bool hi = lane & 16;  // keeps columns 8..15
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float send = hi ? c16[j] : c16[8 + j], keep = hi ? c16[8 + j] : c16[j];
-      c8[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 16));
-    }
-  }
-  {
-    const bool hi = lane & 8;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float send = hi ? c8[j] : c8[4 + j], keep = hi ? c8[4 + j] : c8[j];
-      c4[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 8));
-    }
-  }
-  {
-    const bool hi = lane & 4;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float send = hi ? c4[j] : c4[2 + j], keep = hi ? c4[2 + j] : c4[j];
-      c2[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 4));
-    }
-  }
-  const int q0 = perm_base(g8) + 4 * t;  // columns 2 g8 + {0, 1}
-  amax[q0 * 4 + w] = c2[0];
-  amax[(q0 + 1) * 4 + w] = c2[1];
-  wg_sync(bar_id);
-#pragma unroll
-  for (int i = 0; i < 8; ++i)  // (a column pair's reciprocals at a time: fewer registers live)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int q = perm_base(i) + 4 * t + e;
-      const float4 a = *reinterpret_cast<const float4*>(amax + q * 4);
-      const float m = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w));
-      const float r = m > 0.f ? __fdividef(127.f, m) : 0.f;  // (as psi_rows)
-#pragma unroll
-      for (int rh = 0; rh < 2; ++rh)
-        tile[q * 64 + (((w ^ (q >> 1)) & 3) << 4) + g8 + 8 * rh] = static_cast<uint8_t>(i8_bits(x[4 * i + 2 * rh + e], r));
-    }
-  fence_async_smem();
-  wg_sync(bar_id);
-}
-
-// The fused dQ's product of one warpgroup's step (FQ): dQ rows (64 queries x D) += ψ(dS) (the A tile at da_ds) ·
-// k̂ (the K-major k̂^T box of the warpgroup's 64 keys at db_kt) in n64 channel parts, each times its row's scale
-// (amax / 127 * the keys' scale kraw) and added to dqacc (fp32 rows of D, red.global) for rows below `limit`;
-// the rows' sums of ψ(dS) (an n8 product with the all-ones tile at db_ones) times amax / 127 added to rsacc.
-template <int D>
-__device__ __forceinline__ void dq_product(uint64_t da_ds, uint64_t db_kt, uint64_t db_ones, const float* amax,
-                                           float kraw, float* dq_rows, float* rs_rows, int row0, int limit, int t) {
-  float sq[2];
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const float4 a = *reinterpret_cast<const float4*>(amax + (row0 + 8 * rh) * 4);
-    sq[rh] = fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)) * (1.f / 127.f);
-  }
-#pragma unroll
-  for (int h = 0; h < D / 64; ++h) {
-    uint32_t prod[32], sums[4];
-    wg_fence();
-    wgmma_s8_ss_n64(prod, da_ds, db_kt + h * 256, 0);  // channels 64h on: 64 rows of 64 bytes further
-    wgmma_s8_ss_n64(prod, da_ds + 2, db_kt + h * 256 + 2, 1);
-    if (h == 0) {
-      wgmma_s8_ss_n8(sums, da_ds, db_ones, 0);
-      wgmma_s8_ss_n8(sums, da_ds + 2, db_ones, 1);
-    }
-    wg_commit();
-    wg_wait0();
-    reg_fence(prod);
-    if (h == 0) reg_fence(sums);
-#pragma unroll
-    for (int rh = 0; rh < 2; ++rh) {
-      const int row = row0 + 8 * rh;
-      if (row >= limit || SAGE_TRAIN_FQ_REDS == 0 || (SAGE_TRAIN_FQ_REDS == 1 && h == 1)) continue;
-      const float f = sq[rh] * kraw;
-      float* out = dq_rows + static_cast<size_t>(row) * D + 64 * h + 2 * t;
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        red_add2(out + 8 * i, __int2float_rn(static_cast<int>(prod[4 * i + 2 * rh])) * f,
-                 __int2float_rn(static_cast<int>(prod[4 * i + 2 * rh + 1])) * f);
-      if (h == 0 && t == 0) red_add(rs_rows + row, __int2float_rn(static_cast<int>(sums[2 * rh])) * sq[rh]);
-    }
   }
 }
 
@@ -658,23 +511,19 @@ __device__ __forceinline__ void store_rows(T* out, long long son, int row0, int 
   }
 }
 
-template <int D, int STAGES, bool CAUSAL, typename T, bool FQ>
+template <int D, int STAGES, bool CAUSAL, typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_kernel(const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                 const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                 const __grid_constant__ CUtensorMap tm_dot, const __grid_constant__ CUtensorMap tm_qt,
                 const __grid_constant__ CUtensorMap tm_lse, const __grid_constant__ CUtensorMap tm_dl,
-                const __grid_constant__ CUtensorMap tm_kt, const Params p) {
+                const Params p) {
 #if SAGE_SM90A
-  using L = Layout<D, STAGES, FQ>;
+  using L = Layout<D, STAGES>;
   uint8_t* smem = smem_base();
   uint8_t* sk = smem + L::kK;
   uint8_t* sv = smem + L::kV;
   const Ring<STAGES> ring(smem + L::kBar);
-  if constexpr (FQ) {  // the all-ones B tile of dQ's row sums, visible to the tensor cores after ring.init's sync
-    if (threadIdx.x < 128) reinterpret_cast<uint32_t*>(smem + L::kOnes)[threadIdx.x] = 0x01010101u;
-    fence_async_smem();
-  }
 
   const int n0 = blockIdx.x * kBN;
   const int bhk = blockIdx.y;
@@ -693,12 +542,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch(&tm_qt);
       tma_prefetch(&tm_lse);
       tma_prefetch(&tm_dl);
-      mbar_expect_tx(ring.first, L::kKBytes + L::kVBytes + (FQ ? L::kKBytes : 0));
+      mbar_expect_tx(ring.first, L::kKBytes + L::kVBytes);
       tma_load_3d(sk, &tm_k, ring.first, 0, n0, bhk);
-      if constexpr (FQ) {  // k̂^T: a (64 keys x D) box per warpgroup
-        tma_load_3d(smem + L::kKT, &tm_kt, ring.first, n0, 0, bhk);
-        tma_load_3d(smem + L::kKT + 64 * D, &tm_kt, ring.first, n0 + 64, 0, bhk);
-      }
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) tma_load_3d(sv + c * kBN * 128, &tm_v, ring.first, 64 * c, n0, bhk);
       int it = 0;
@@ -727,12 +572,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int t = ln.t;
   const int key0 = n0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's keys: key0, key0 + 8
   const int kblk = (n0 + ln.wg * 64) / 64;
-  const float kraw = kblk < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + kblk) : 0.f;
-  const float kc = kraw * p.c;
+  const float kc = (kblk < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + kblk) : 0.f) * p.c;
   const uint64_t da_k = smem_desc<D>(sk + ln.wg * 64 * D);
-  // FQ: keys past Lk (the last block's) get dS = 0, as the dQ kernel's mask gives them (their k̂ rows load as 0,
-  // but their dS would enter the per-query amax and the row sums)
-  const bool kedge = FQ && n0 + kBN > p.lk;
 
   float dv[D / 2], dk[D / 2];
 #pragma unroll
@@ -804,17 +645,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             dp[x] = pt[x] * (dp[x] - (e ? d2.y : d2.x));  // dS^T
           }
       }
-      if constexpr (FQ) {
-        if (kedge) {
-#pragma unroll
-          for (int x = 0; x < 32; ++x)
-            if (key0 + 8 * ((x >> 1) & 1) >= p.lk) dp[x] = 0.f;
-        }
-        const int par = it & 1;  // the step's parity: its dS tile and amax slots (the next step writes the other)
-        psi_cols_to_tile(dp, smem + L::kDS + (2 * par + ln.wg) * 4096,
-                         reinterpret_cast<float*>(smem + L::kAmax) + (2 * par + ln.wg) * 256, ln.w, ln.g8, t,
-                         1 + ln.wg);
-      }
       psi_rows<true>(dp, da, sds);
 
       // dV += ψ(P^T)·ψ(dO) * (sp * sdo), then dK += ψ(dS^T)·q̂ * (sds * qraw): one int32 product at a time
@@ -825,14 +655,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
       ring.release(it);
-      if constexpr (FQ) {
-        const int par = it & 1;
-        dq_product<D>(smem_desc<64>(smem + L::kDS + (2 * par + ln.wg) * 4096), smem_desc<64>(smem + L::kKT + ln.wg * 64 * D),
-                      smem_desc<64>(smem + L::kOnes),
-                      reinterpret_cast<const float*>(smem + L::kAmax) + (2 * par + ln.wg) * 256, kraw,
-                      p.dqacc + (static_cast<size_t>(bh) * p.lq + m0) * D, p.rsacc + static_cast<size_t>(bh) * p.lq + m0,
-                      ln.w * 16 + ln.g8, p.lq - m0, t);
-      }
       ++it;
     };
     run_steps(lo / kBM, (p.lq + kBM - 1) / kBM, full0, p.lq / kBM, step);
@@ -1224,26 +1046,21 @@ int dispatch(int d, bool causal, bool fp16, F&& f) {
 
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures. Tensors as described at the
 // top (contiguous HND); lengths in elements; dK / dV strides (sob, soh, son) in elements, channel stride 1; c =
-// softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff. With dqacc
-// (not null: the fused dQ) also k8t (B, Hkv, D, Lk) int8 (k̂ transposed; Lk a multiple of 16), dqacc (B, Hq, Lq, D)
-// and rsacc (B, Hq, Lq) fp32, zeroed by the caller: the kernel adds each key block's ψ(dS)·k̂ times the scales
-// into dqacc and the row sums of ψ(dS) times their scales into rsacc; dQ = (dqacc + rsacc ⊗ μ_K) * sm after it.
+// softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff.
 extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
                                          const float* ks, const void* v16, const float* lse2, const float* delta,
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
-                                         const void* k8t, float* dqacc, float* rsacc,
                                          int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
                                          void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
-  const bool fq = dqacc != nullptr;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lq % 16 != 0 ||
-      static_cast<long long>(b) * hkv > 65535 || (fq && (lk % 16 != 0 || k8t == nullptr || rsacc == nullptr)))
+      static_cast<long long>(b) * hkv > 65535)
     return 1;
   const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
   const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-  CUtensorMap maps[9];
+  CUtensorMap maps[8];
   // k̂ (d, lk, b*hkv), one (d, 128) box
   const uint64_t k_dims[3] = {ud, ulk, bhk}, k_str[2] = {ud, ulk * ud};
   const uint32_t k_box[3] = {static_cast<uint32_t>(d), kBN, 1};
@@ -1270,30 +1087,18 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
   if (!rc) rc = make_map(&maps[5], q8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
   if (!rc) rc = make_map(&maps[6], lse2, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (!rc) rc = make_map(&maps[7], delta, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
-  // FQ: k̂^T (lk, d, b*hkv), (64 keys, d) boxes (else a copy of k̂'s map, unused)
-  const uint64_t kt_dims[3] = {ulk, ud, bhk}, kt_str[2] = {ulk, ulk * ud};
-  const uint32_t kt_box[3] = {kBM, static_cast<uint32_t>(d), 1};
-  if (!rc) rc = fq ? make_map(&maps[8], k8t, 3, kt_dims, kt_str, kt_box, CU_TENSOR_MAP_SWIZZLE_64B) : (maps[8] = maps[0], 0);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  Params p{qs, sdo, ks, dk, dv, dqacc, rsacc, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
+  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
   const int gx = (lk + kBN - 1) / kBN, gy = b * hkv;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
-    constexpr bool kC = decltype(cc)::value;
-    using T = typename decltype(tc)::type;
-    auto go = [&](auto kernel, int bytes) {
-      return launch_kernel(kernel, bytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2],
-                           maps[3], maps[4], maps[5], maps[6], maps[7], maps[8], p);
-    };
-    return fq ? go(dkdv_kernel<kD, SAGE_TRAIN_STAGES, kC, T, true>, Layout<kD, SAGE_TRAIN_STAGES, true>::kBytes)
-              : go(dkdv_kernel<kD, SAGE_TRAIN_STAGES, kC, T, false>, Layout<kD, SAGE_TRAIN_STAGES, false>::kBytes);
+    using L = Layout<kD, SAGE_TRAIN_STAGES>;
+    return launch_kernel(dkdv_kernel<kD, SAGE_TRAIN_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
+                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], maps[3],
+                         maps[4], maps[5], maps[6], maps[7], p);
   });
 }
-
-// Whether this build sends the backward's dQ to the dK / dV kernel (SAGE_TRAIN_FUSEDQ, read by the binding as the
-// module's FUSED_DQ; SAGE_COMPILE_INT8_TRAIN_DQ overrides it per call)
-extern "C" int sage_int8_train_sm90_fused_dq_default() { return SAGE_TRAIN_FUSEDQ; }
 
 // dQ (B, Hq, Lq, D) at strides (sob, soh, son) (channel stride 1) in the 16-bit type of v16 / do16; returns as
 // sage_int8_train_sm90_dkdv. q8, qs, k8, ks, v16, lse2, delta, do16 as there; k8t (B, Hkv, D, Lk) int8 (k̂

@@ -8,7 +8,7 @@
 extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
                                          const float* ks, const void* v16, const float* lse2, const float* delta,
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
-                                         const void* k8t, float* dqacc, float* rsacc, int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
+                                         int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
                                          void* stream);
 
@@ -22,8 +22,6 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
                                         const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
                                         int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
                                         long long son, float c, int causal, int coff, void* stream);
-
-extern "C" int sage_int8_train_sm90_fused_dq_default();
 
 namespace {
 
@@ -68,13 +66,10 @@ at::ScalarType check16(const at::Tensor& v16, const at::Tensor& do16) {
 // (B, Hq, D, Lq) int8; sdo as qs; dk, dv (B, Hkv, Lk, D) values at strides (sob, soh, son, 1) in v16's dtype.
 // Lq a multiple of 16. c = softmax scale * log2(e), sm = softmax scale; causal: key n seen by query m iff
 // n <= m + coff.
-// With k8t (fused dQ, dkdvq below): k8t (B, Hkv, D, Lk) int8, dqacc (B, Hq, Lq, D) and rsacc (B, Hq, Lq) fp32, zeroed;
-// the kernel adds into them (Lk a multiple of 16)
-void dkdv_impl(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
-               const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
-               const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
-               const at::Tensor* k8t, at::Tensor* dqacc, at::Tensor* rsacc, double c, double sm, bool causal,
-               int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
+          const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
+          const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
+          double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son) {
   check(q8, at::kChar, 4, "q8");
   check(q8t, at::kChar, 4, "q8t");
   check(k8, at::kChar, 4, "k8");
@@ -99,43 +94,16 @@ void dkdv_impl(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs
               ", ", lq, ")");
   check_out(dk, t16, b, hkv, lk, d, sob, soh, son, "dk");
   check_out(dv, t16, b, hkv, lk, d, sob, soh, son, "dv");
-  if (k8t != nullptr) {
-    check(*k8t, at::kChar, 4, "k8t");
-    check(*dqacc, at::kFloat, 4, "dqacc");
-    check(*rsacc, at::kFloat, 3, "rsacc");
-    TORCH_CHECK(k8t->size(0) == b && k8t->size(1) == hkv && k8t->size(2) == d && k8t->size(3) == lk &&
-                    dqacc->sizes() == q8.sizes() && rsacc->sizes() == lse2.sizes(),
-                "sage_compile sm90 int8_train: k8t / dqacc / rsacc shapes");
-  }
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_dkdv(
       q8.data_ptr(), q8t.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
       lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), do8t.data_ptr(), sdo.data_ptr<float>(),
-      dk.data_ptr(), dv.data_ptr(), k8t ? k8t->data_ptr() : nullptr, dqacc ? dqacc->data_ptr<float>() : nullptr,
-      rsacc ? rsacc->data_ptr<float>() : nullptr, t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
+      dk.data_ptr(), dv.data_ptr(), t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
       static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), sob, soh, son,
       static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff),
       at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
-}
-
-void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
-          const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
-          const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
-          double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son) {
-  dkdv_impl(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, nullptr, nullptr, nullptr, c, sm, causal,
-            coff, sob, soh, son);
-}
-
-// dK, dV and the fused dQ's sums (dqacc, rsacc: see dkdv_impl)
-void dkdvq(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
-           const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
-           const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
-           const at::Tensor& k8t, at::Tensor& dqacc, at::Tensor& rsacc, double c, double sm, bool causal,
-           int64_t coff, int64_t sob, int64_t soh, int64_t son) {
-  dkdv_impl(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, &k8t, &dqacc, &rsacc, c, sm, causal, coff,
-            sob, soh, son);
 }
 
 // dQ: q8, qs, k8, ks, v16, lse2, delta, do16 as in dkdv; k8t (B, Hkv, D, Lk) int8, kmean (B, Hkv, D) fp32; dq
@@ -213,9 +181,6 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dkdv", &dkdv, "sage_compile int8_train sm90 dK / dV");
-  m.def("dkdvq", &dkdvq, "sage_compile int8_train sm90 dK / dV with the fused dQ's sums");
-  // the fused dQ by default in this build (SAGE_TRAIN_FUSEDQ, a flag of the .cu; SAGE_COMPILE_INT8_TRAIN_DQ overrides)
-  m.attr("FUSED_DQ") = sage_int8_train_sm90_fused_dq_default();
   m.def("dq", &dq, "sage_compile int8_train sm90 dQ");
   m.def("fwd", &fwd, "sage_compile int8_train sm90 forward");
 }

@@ -168,17 +168,6 @@ def int8_train_core(environ=None) -> str:
     return _env_choice(environ, "SAGE_COMPILE_INT8_TRAIN_CORE", INT8_TRAIN_CORES)
 
 
-INT8_TRAIN_DQ = ("auto", "fused", "kernel")
-
-
-def int8_train_dq(environ=None) -> str:
-    """``SAGE_COMPILE_INT8_TRAIN_DQ``: where the CUDA SageBwd backward computes dQ: ``fused`` in the dK/dV kernel
-    (each key block's product added into an fp32 dQ in global memory), ``kernel`` in a dQ kernel of its own
-    (which recomputes S and dP), ``auto`` (default) the built extension's ``FUSED_DQ`` (its ``SAGE_TRAIN_FUSEDQ``
-    flag). See :mod:`sage_compile.kernels.int8_train.cuda`."""
-    return _env_choice(environ, "SAGE_COMPILE_INT8_TRAIN_DQ", INT8_TRAIN_DQ)
-
-
 def from_env(environ=None) -> dict:
     env = os.environ if environ is None else environ
     out: dict = {}

@@ -21,7 +21,6 @@ LN2 = math.log(2.0)
 KINDS = {
     "fwd": ("T", "T", "T", "T", "T", "T", "T", "T", "f", "b", "i", "i", "i", "i"),
     "dkdv": ("T",) * 13 + ("f", "f", "b", "i", "i", "i", "i"),
-    "dkdvq": ("T",) * 16 + ("f", "f", "b", "i", "i", "i", "i"),
     "dq": ("T",) * 11 + ("f", "f", "b", "i", "i", "i", "i"),
 }
 CALLS: list = []  # (function name, the call's shapes) of every call, for the tests
@@ -134,7 +133,7 @@ def _sum_group(x, hkv):
     return x.unflatten(1, (hkv, x.shape[1] // hkv)).sum(2)
 
 
-def dkdv(*args, name="dkdv"):
+def dkdv(*args):
     _kinds("dkdv", args)
     q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16,
@@ -142,7 +141,7 @@ def dkdv(*args, name="dkdv"):
     assert lq % 16 == 0 and q8t.shape == do8t.shape == (b, hq, d, lq)
     _scales(sdo, b, hq, lq, 128, "sdo")
     assert dk.dtype == dv.dtype == v16.dtype and dk.stride() == dv.stride()
-    CALLS.append((name, tuple(q8.shape), tuple(k8.shape), causal, coff))
+    CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff))
     p, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
     dof = _deq(do8t.transpose(-1, -2).contiguous(), sdo, 128)  # ψ(dO), what the dV product reads
     dvx = _tile_quant(p, 64, 1).transpose(-1, -2) @ dof  # ψ(P^T) per key over 64 queries
@@ -150,26 +149,6 @@ def dkdv(*args, name="dkdv"):
     dkx = _tile_quant(ds, 64, 1).transpose(-1, -2) @ qf * sm
     _write(dk, _sum_group(dkx, hkv), sob, soh, son)
     _write(dv, _sum_group(dvx, hkv), sob, soh, son)
-
-
-def dkdvq(*args):
-    """dkdv, and the fused dQ's sums added into dqacc (ψ(dS)·k̂ times the scales) and rsacc (ψ(dS)'s row sums)."""
-    _kinds("dkdvq", args)
-    k8t, dqacc, rsacc = args[13:16]
-    q8, qs, k8, ks, v16, lse2, delta, do16 = (args[i] for i in (0, 2, 3, 4, 5, 6, 7, 8))
-    c, causal, coff = args[16], args[18], args[19]
-    b, hq, lq, d = q8.shape
-    hkv, lk = k8.shape[1], k8.shape[2]
-    _check(k8t, torch.int8, 4, "k8t")
-    _check(dqacc, torch.float32, 4, "dqacc")
-    _check(rsacc, torch.float32, 3, "rsacc")
-    assert lk % 16 == 0 and k8t.shape == (b, hkv, d, lk) and dqacc.shape == q8.shape and rsacc.shape == (b, hq, lq)
-    dkdv(*args[:13], *args[16:], name="dkdvq")
-    _, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
-    dsq = _tile_quant(ds, 1, 64)  # ψ per query row over each 64-key block
-    kf = _deq(k8t.transpose(-1, -2).contiguous(), ks, 64)
-    dqacc += dsq @ _group(kf, hq)
-    rsacc += dsq.sum(-1)
 
 
 def dq(*args):

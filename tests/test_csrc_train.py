@@ -35,14 +35,13 @@ def compiled(request, tmp_path_factory):
 def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
     r, _, knobs = compiled
     assert r.returncode == 0, r.stderr[-3000:]
-    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train\d+(dkdv|dq|fwd)_kernelILi(\d+)ELi\d+ELb([01])E"
-                     r"\w+?(Lb[01]E)?EEv.*?(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
-    # forward, dK/dV (with the fused dQ and without) and dQ x head dim 64/128 x causal or not x bf16/fp16
-    assert len(per) == 32, per
-    for kind, d, causal, fq, st, ld in per:
+    per = re.findall(r"Compiling entry function '_ZN9sage_sm905train\d+(dkdv|dq|fwd)_kernelILi(\d+)ELi\d+ELb([01])E.*?"
+                     r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr, re.S)
+    assert len(per) == 24, per  # forward, dK/dV and dQ x head dim 64/128 x causal or not x bf16/fp16
+    for kind, d, causal, st, ld in per:
         # dK/dV's two int32 products whole at hd128 (SAGE_TRAIN_PARTS=0): 52-84 bytes (20-52 with one loop); the
-        # default halves dK's: none. The fused dQ at hd128: 28-80 bytes (a few loop-carried scalars)
-        limit = 96 if d == "128" and kind == "dkdv" and ("SAGE_TRAIN_PARTS=0" in knobs or fq == "Lb1E") else 0
+        # default halves dK's: none
+        limit = 96 if "SAGE_TRAIN_PARTS=0" in knobs and d == "128" and kind == "dkdv" else 0
         assert int(st) <= limit and int(ld) <= limit, (knobs, d, causal, st, ld)
     for code in ("C7508", "C7510", "C7511", "C7514", "C7519", "C7520"):  # setmaxnreg ignored; wgmmas serialized or fenced
         assert code not in r.stderr, (code, knobs)
@@ -51,12 +50,11 @@ def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
 def test_sass_has_the_steps_wgmmas(compiled):
     r, obj, knobs = compiled
     funcs = sass_functions(r, obj)
-    assert len(funcs) == 32
+    assert len(funcs) == 24
     for f in funcs:
         name = f.split("\n", 1)[0]
         kind, d = re.search(r"(dkdv|dq|fwd)_kernelILi(\d+)E", name).groups()
         d = int(d)
-        fq = kind == "dkdv" and "Lb1EEEv" in name  # the fused dQ (FQ)
         fp16 = "6__half" in name
         # per step: S (D / 32 s8 k-steps, n64; the forward's first S before its loop too), dP (D / 16 16-bit
         # k-steps; not in the forward), then PV, dV and dK, or dQ (two k-steps each, in one n128 / n64 wgmma per
@@ -77,19 +75,12 @@ def test_sass_has_the_steps_wgmmas(compiled):
         # (SAGE_TRAIN_DQPIPE: dQ's first S and dP before its loops too; each step issues the next one's)
         first = kind == "fwd" or (kind == "dq" and "SAGE_TRAIN_DQPIPE=1" in knobs)
         n_s = d // 32 * (copies + first)
-        # FQ: dQ's product from shared memory (two k-steps per 64 channels) and the row sums' n8 product
-        n_s += fq * d // 32 * copies
         assert len(re.findall(r"IGMMA\.64x64x32\.S8\.S8 R\d+, gdesc", f)) == n_s, name
-        assert len(re.findall(r"IGMMA\.64x8x32\.S8\.S8 R\d+, gdesc", f)) == 2 * fq * copies, name
-        # FQ: dQ's sums added into global memory, two channels at a time (+ the row sums), two barriers a step
-        assert len(re.findall(r"REDG\.E\.ADD\.F32x2", f)) == fq * d // 4 * copies, name
-        assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x80", f)) == 2 * fq * copies, name
         n_dp = 0 if kind == "fwd" else d // 16 * (copies + first)
         hgmma = r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16")  # (fp16: no suffix)
         assert len(re.findall(hgmma, f)) == n_dp, name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
-        assert not re.search(r"\b(LDL|STL)\b", f) or (kind == "dkdv" and ("SAGE_TRAIN_PARTS=0" in knobs or
-                                                                      (fq and d == 128))), name
+        assert not re.search(r"\b(LDL|STL)\b", f) or ("SAGE_TRAIN_PARTS=0" in knobs and kind == "dkdv"), name
         # the exps of P (32 a step; the forward's two rescale factors) and no IEEE-division slow path (FCHK / CALL)
         assert len(re.findall(r"MUFU\.EX2", f)) == (32 + 2 * (kind == "fwd")) * copies, name
         assert "FCHK" not in f and "CALL" not in f, name
@@ -97,15 +88,14 @@ def test_sass_has_the_steps_wgmmas(compiled):
         # dQ's two ψ row sums; S's 32 only without its magic start (SAGE_TRAIN_SMAGIC), whose accumulator fill is
         # 8 LDS.128 a step (and the forward's first S)
         magic = "SAGE_TRAIN_SMAGIC=0" not in knobs
-        folds = {"dkdv": d + fq * (d // 2 + 2), "dq": d // 2 + 2, "fwd": d // 2}[kind]
+        folds = {"dkdv": d, "dq": d // 2 + 2, "fwd": d // 2}[kind]
         assert len(re.findall(r"I2FP\.F32\.S32", f)) == (folds + 32 * (not magic)) * copies, name
-        # (FQ: also the per-query amax of dQ's ψ, 16 LDS.128, and its rows' 2, a step)
-        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + first) * magic + 18 * fq * copies, name
+        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + first) * magic, name
         # ψ's roundings (64 values a step in dK / dV, 32 in dQ and the forward): one FFMA onto 1.5 * 2^23 each
         # (SAGE_TRAIN_FMAROUND), else an FMUL and an FADD of 1.5 * 2^23
-        n_psi = (64 + 32 * fq if kind == "dkdv" else 32) * copies
+        n_psi = (64 if kind == "dkdv" else 32) * copies
         fma_round = "SAGE_TRAIN_FMAROUND=0" not in knobs
-        assert len(re.findall(r"FFMA R\d+, R\d+(?:\.reuse)?, R\d+(?:\.reuse)?, 12582912 ", f)) == n_psi * fma_round, name
+        assert len(re.findall(r"FFMA R\d+, R\d+, R\d+(?:\.reuse)?, 12582912 ", f)) == n_psi * fma_round, name
         assert len(re.findall(r"FADD R\d+, R\d+, 12582912 ", f)) == n_psi * (not fma_round), name
         # the forward's lazy rescale (SAGE_TRAIN_LAZY): one warp vote a step
         lazy = kind == "fwd" and "SAGE_TRAIN_LAZY=0" not in knobs

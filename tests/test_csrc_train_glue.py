@@ -83,12 +83,8 @@ def _fp32_grads(q, k, v, do, causal, layout):
     return torch.autograd.grad(t(o), (qq, kk, vv), do.float())
 
 
-@pytest.mark.parametrize("dq", ["kernel", "fused"])
 @pytest.mark.parametrize("name", CASES)
-def test_glue_gives_the_reference(name, dq, model, monkeypatch):
-    """Both dQ paths (SAGE_COMPILE_INT8_TRAIN_DQ): the dQ kernel, and the dK/dV kernel's fused sums finished in
-    PyTorch."""
-    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_DQ", dq)
+def test_glue_gives_the_reference(name, model):
     d, causal, b, hq, hkv, lq, lk, layout, dtype = CASES[name]
     q, k, v, do = _inputs(d, b, hq, hkv, lq, lk, layout, dtype, seed=len(name))
     got_q, want_q = KQ.quantize(q, k, v, layout), R.quantize(q, k, v, layout)
@@ -109,8 +105,7 @@ def test_glue_gives_the_reference(name, dq, model, monkeypatch):
         assert cos_rel(a.float(), r.float())[1] < 0.4 * kr[1], (n, cos_rel(a.float(), r.float()), kr)
     coff = 0 if causal == "top_left" else lk - lq
     calls = [(c[0], c[3], c[4]) for c in M.CALLS]
-    kernels = ("fwd", "dkdv", "dq") if dq == "kernel" else ("fwd", "dkdvq")
-    assert calls == [(f, causal != "none", coff) for f in kernels], calls  # all on "CUDA"
+    assert calls == [(f, causal != "none", coff) for f in ("fwd", "dkdv", "dq")], calls  # all three on "CUDA"
 
 
 def test_backward_the_kernels_do_not_take_stays_on_triton(model):

@@ -23,11 +23,10 @@ CASES = [  # (d, causal, B, Hq, Hkv, Lq, Lk, dtype)
 ]
 
 
-def _backward(core, monkeypatch, qt, o, lse, do, causal, dtype, dq="kernel"):
+def _backward(core, monkeypatch, qt, o, lse, do, causal, dtype):
     from sage_compile.kernels.int8_train import attention as KA
 
     monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
-    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_DQ", dq)
     poison_cuda_cache()
     return KA.backward(*qt, o, lse, do, causal, None, "HND", dtype, psi="split")
 
@@ -43,10 +42,8 @@ def _grads_fp32(q, k, v, causal, do):
     return torch.autograd.grad(o, (qq, kk, vv), do.float())
 
 
-@pytest.mark.parametrize("dq", ["kernel", "fused"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-{c[1]}-{c[5]}x{c[6]}-{str(c[7])[6:]}")
-def test_cuda_dkdv_matches_triton(case, dq, monkeypatch):
-    """Both dQ paths (SAGE_COMPILE_INT8_TRAIN_DQ): the dQ kernel, and the dK/dV kernel's fused sums."""
+def test_cuda_dkdv_matches_triton(case, monkeypatch):
     from sage_compile.kernels.int8_train import attention as KA
     from sage_compile.kernels.int8_train import cuda
     from sage_compile.kernels.int8_train import quantize as KQ
@@ -59,7 +56,7 @@ def test_cuda_dkdv_matches_triton(case, dq, monkeypatch):
     qt = KQ.quantize(q, k, v)
     o, lse = KA.forward(*qt[:6], causal, None, "HND", dtype)
     tri = _backward("triton", monkeypatch, qt, o, lse, do, causal, dtype)
-    got = _backward("cuda", monkeypatch, qt, o, lse, do, causal, dtype, dq)
+    got = _backward("cuda", monkeypatch, qt, o, lse, do, causal, dtype)
     assert cuda.status()["built"], cuda.status()  # the CUDA kernel ran, not a fallback
     want = _grads_fp32(q, k, v, causal, do)
     line = []
@@ -70,7 +67,7 @@ def test_cuda_dkdv_matches_triton(case, dq, monkeypatch):
         line.append(f"{n} vs triton {same[0]:.6f}/{same[1]:.5f}, vs fp32 cuda {ka[1]:.5f} triton {kt[1]:.5f}")
         assert same[0] > 0.9999 and same[1] < 0.01, (n, same)
         assert ka[1] <= 1.05 * kt[1] + 1e-3, (n, ka, kt)
-    print(f"\nint8_train cuda backward {case[:7]} dq={dq}: " + "; ".join(line))
+    print(f"\nint8_train cuda backward {case[:7]}: " + "; ".join(line))
 
 
 def test_query_count_it_does_not_take_falls_back_exactly(monkeypatch):
@@ -140,23 +137,18 @@ def test_token_major_layout_gives_the_same_values(d, monkeypatch):
                        psi="split")
     for n, a, an in zip(("dq", "dk", "dv"), got, gotn):
         assert an.shape == (a.shape[0], a.shape[2], a.shape[1], d), n
-        if n == "dq" and cuda.fused_dq():  # (fp32 additions in the order they land: not bitwise reproducible)
-            assert cos_rel(an.transpose(1, 2).float(), a.float())[1] < 1e-3, n
-        else:
-            assert torch.equal(an.transpose(1, 2), a), n
+        assert torch.equal(an.transpose(1, 2), a), n
 
 
-@pytest.mark.parametrize("dq", ["kernel", "fused"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", ["none", "top_left"])
-def test_gradient_goal_on_the_cuda_kernels(d, causal, dq, monkeypatch):
-    """Issue 5's goal with the forward and the backward on the CUDA kernels (either dQ path): dQ, dK, dV cos >=
-    0.998 vs fp32 autograd on gaussian inputs (N=2048, GQA 8/2)."""
+def test_gradient_goal_on_the_cuda_kernels(d, causal, monkeypatch):
+    """Issue 5's goal with the forward and the backward on the CUDA kernels: dQ, dK, dV cos >= 0.998 vs fp32
+    autograd on gaussian inputs (N=2048, GQA 8/2)."""
     from sage_compile.kernels.int8_train import attention as KA
     from sage_compile.kernels.int8_train import quantize as KQ
 
     monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", "cuda")
-    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_DQ", dq)
     g = torch.Generator().manual_seed(d)
     q = torch.randn(2, 8, 2048, d, generator=g).cuda().bfloat16()
     k, v = (torch.randn(2, 2, 2048, d, generator=g).cuda().bfloat16() for _ in range(2))
@@ -166,7 +158,7 @@ def test_gradient_goal_on_the_cuda_kernels(d, causal, dq, monkeypatch):
     got = KA.backward(*qt, o, lse, do, causal, None, "HND", torch.bfloat16, psi="split")
     want = _grads_fp32(q, k, v, causal, do)
     res = {n: cos_rel(a.float(), w) for n, a, w in zip(("dq", "dk", "dv"), got, want)}
-    print(f"\nint8_train all-CUDA d={d} {causal} dq={dq}: " + "  ".join(f"{n} {c:.5f}/{r:.4f}" for n, (c, r) in res.items()))
+    print(f"\nint8_train all-CUDA d={d} {causal}: " + "  ".join(f"{n} {c:.5f}/{r:.4f}" for n, (c, r) in res.items()))
     for n, (c, _) in res.items():
         assert c >= 0.998, (n, res[n])
 
@@ -182,7 +174,7 @@ def test_compiled_llm_trains_on_the_cuda_kernels(core, monkeypatch):
         monkeypatch.delenv("SAGE_COMPILE_INT8_TRAIN_CORE", raising=False)
     else:
         monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
-    calls = {"forward": 0, "dkdv": 0, "dq": 0, "dkdvq": 0}
+    calls = {"forward": 0, "dkdv": 0, "dq": 0}
     for name in calls:
         real = getattr(cuda, name)
 
@@ -196,7 +188,6 @@ def test_compiled_llm_trains_on_the_cuda_kernels(core, monkeypatch):
     ids = torch.randint(0, 512, (2, 513), device="cuda")
     ref, ref_grads = llm_step(model, ids)
     loss, g = llm_step(torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train")), ids)
-    # (dK/dV and dQ from two kernels, or from one with the fused dQ)
-    assert calls in ({"forward": 2, "dkdv": 2, "dq": 2, "dkdvq": 0}, {"forward": 2, "dkdv": 0, "dq": 0, "dkdvq": 2}), calls
+    assert calls == {"forward": 2, "dkdv": 2, "dq": 2}, calls
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99

@@ -542,10 +542,6 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
         from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
         lse2 = train_cuda.lse_log2(lse)
-        if train_cuda.fused_dq():  # dQ from the dK/dV kernel (SAGE_COMPILE_INT8_TRAIN_DQ)
-            train_cuda.dkdvq(q8, q8t, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, do8t, sdo, dq, dk, dv,
-                             causal, sm, bhn_strides(dq, layout), bhn_strides(dk, layout))
-            return dq, dk, dv
         train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal, sm,
                         bhn_strides(dk, layout))
         train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, causal, sm,

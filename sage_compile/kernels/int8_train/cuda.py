@@ -139,36 +139,6 @@ def dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, causal: str, 
            _coff(causal, q8.shape[2], k8.shape[2]), *out_strides)
 
 
-def fused_dq(module=None) -> bool:
-    """Whether dQ comes from the dK/dV kernel (:func:`dkdvq`) rather than the dQ kernel: ``SAGE_COMPILE_INT8_TRAIN_DQ``
-    (:func:`sage_compile.config.int8_train_dq`), ``auto`` following the extension's build (``FUSED_DQ``)."""
-    from ...config import int8_train_dq
-
-    how = int8_train_dq()
-    if how == "auto":
-        mod = load() if module is None else module
-        return bool(getattr(mod, "FUSED_DQ", 0))
-    return how == "fused"
-
-
-def dkdvq(q8, q8t, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, do8t, sdo, dq, dk, dv, causal: str, sm: float,
-          dq_strides: tuple, dkv_strides: tuple, module=None) -> None:
-    """dK, dV (as :func:`dkdv`) and dQ (as :func:`dq`) from one kernel: every key block adds its ψ(dS)·k̂ times
-    the scales into an fp32 (B, Hq, Lq, D) sum and the rows' ψ(dS) sums into a (B, Hq, Lq) one (``red.global``:
-    the order of the additions varies from run to run, so dQ is not bitwise reproducible); dQ = (sum + row sums ⊗
-    μ_K) * softmax scale is written into ``dq`` at ``dq_strides`` after it."""
-    mod = load() if module is None else module
-    b, hq, lq, d = q8.shape
-    acc = torch.zeros((b, hq, lq, d), dtype=torch.float32, device=q8.device)
-    rs = torch.zeros((b, hq, lq), dtype=torch.float32, device=q8.device)
-    mod.dkdvq(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, k8t, acc, rs, sm * LOG2E, sm,
-              causal != "none", _coff(causal, lq, k8.shape[2]), *dkv_strides)
-    mu = kmean.repeat_interleave(hq // kmean.shape[1], dim=1)  # (B, Hq, D): each query head's K mean
-    out = torch.as_strided(dq, (b, hq, lq, d), (*dq_strides, 1))
-    torch.addcmul(acc, rs.unsqueeze(-1), mu.unsqueeze(2), out=acc)
-    out.copy_(acc.mul_(sm))
-
-
 def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
          out_strides: tuple, module=None) -> None:
     """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
