@@ -85,6 +85,15 @@
 #ifndef SAGE_TRAIN_EDGELOOP
 #define SAGE_TRAIN_EDGELOOP 1
 #endif
+// SAGE_TRAIN_EARLY 1: the latencies ncu found exposed at the top of the dK / dV and dQ steps (H100 run 106, hd128
+// 16K: the wgmma fence waiting for S's accumulator fill, 5 % of dK / dV's stall samples; the logits' offset waiting
+// for the step's Q scale, a global load issued just before it, and for the LSE loads, 4 %; dQ's K scale the same)
+// taken off the path: the producer lane loads the step's scales (dK / dV: Q's and ψ(dO)'s; dQ: K's) into the stage
+// with the TMA loads (plain loads and shared stores before its arrival on the stage's barrier), the consumers fill
+// S's accumulator before waiting for the stage and load the step's LSE pairs before issuing S and dP. 0: as before
+#ifndef SAGE_TRAIN_EARLY
+#define SAGE_TRAIN_EARLY 1
+#endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -210,14 +219,15 @@ struct Frame {
 };
 
 template <int D, int STAGES>
-struct Layout : Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4> {
+struct Layout : Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * (2 * kBM * 4 + 8)> {
   static constexpr int kKBytes = kBN * D;      // k̂ (int8), one box
   static constexpr int kVBytes = kBN * D * 2;  // V̂ 16-bit, D / 64 chunks of (128 keys x 64 channels)
   static constexpr int kK = 0, kV = kKBytes;
   // a stage: q̂ + dO (16-bit) in perm_base's row order, dO8^T, q̂^T; the extra bytes: each stage's LSE2 (64 fp32)
-  // and delta (64 fp32)
+  // and delta (64 fp32), then (SAGE_TRAIN_EARLY) each stage's Q scale and ψ(dO) scale (2 fp32) from kX
   static constexpr int kQ = 0, kDO = kBM * D, kDOT = 3 * kBM * D, kQT = 4 * kBM * D;
-  static constexpr int kL = Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * 2 * kBM * 4>::kExtra;
+  static constexpr int kL = Frame<3 * kBN * D, 5 * kBM * D, STAGES, STAGES * (2 * kBM * 4 + 8)>::kExtra;
+  static constexpr int kX = kL + STAGES * 2 * kBM * 4;
 };
 
 // 8-bit RNE of x * r (|x * r| <= 127 plus rounding) in the low byte: the bits of x * r + 1.5 * 2^23, not an F2I.
@@ -371,13 +381,15 @@ struct Ring {
 };
 
 // The producer lane's loads of steps [0, n) (the dQ kernel and the forward): each step's stage once every consumer
-// warp released it, its full barrier expecting the stage's bytes; load(stage, bar, j) issues the TMA loads
-template <int STAGES, typename Load>
+// warp released it, pre(j) (plain stores into the stage, visible to the consumers with the arrival that follows),
+// its full barrier expecting the stage's bytes; load(stage, bar, j) issues the TMA loads
+template <int STAGES, typename Load, typename Pre>
 __device__ __forceinline__ void produce_steps(const Ring<STAGES>& ring, uint8_t* stage0, int stage_bytes, int n,
-                                              Load&& load) {
+                                              Load&& load, Pre&& pre) {
   for (int j = 0; j < n; ++j) {
     uint64_t* bar = ring.acquire(j);
     uint8_t* st = stage0 + (j % STAGES) * stage_bytes;
+    pre(j);
     mbar_expect_tx(bar, stage_bytes);
     load(st, bar, j);
   }
@@ -553,6 +565,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint64_t* bar = ring.acquire(it);
           uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
           float* sl = reinterpret_cast<float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
+          if (SAGE_TRAIN_EARLY) {  // the step's scales, visible to the consumers with this arrival (release)
+            float* sx = reinterpret_cast<float*>(smem + L::kX) + (it % STAGES) * 2;
+            sx[0] = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+            sx[1] = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+          }
           mbar_expect_tx(bar, L::kStageBytes + 2 * kBM * 4);
           tma_perm_rows(st + L::kQ, &tm_q, bar, 0, m0, bh, D);  // queries in perm_base's order
 #pragma unroll
@@ -590,16 +607,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int m0 = jm * kBM;
       const uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
       const float* sl = reinterpret_cast<const float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
-      const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
-      const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
       const bool edge =
           kEdge == 1 || (kEdge == 2 && ((CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq));
-      ring.wait_full(it);
-
       uint32_t sacc[32];
       float dp[32];
+#if SAGE_TRAIN_EARLY
       s_fill(sacc);
+      ring.wait_full(it);
+      const float2 sc = *reinterpret_cast<const float2*>(smem + L::kX + (it % STAGES) * 8);
+      const float qraw = sc.x, sdo = sc.y;
+      float2 lse[8];  // this lane's queries' LSE2 pairs (column groups i)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) lse[i] = *reinterpret_cast<const float2*>(sl + perm_base(i) + 4 * t);
+#else
+      const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+      const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
+      ring.wait_full(it);
+      s_fill(sacc);
+#endif
       wg_fence();
       issue_s<D>(sacc, da_k, smem_desc<D>(st + L::kQ));
       wg_commit();
@@ -614,7 +640,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int q = perm_base(i) + 4 * t;  // this lane's queries q, q + 1 of column group i
+#if SAGE_TRAIN_EARLY
+        const float2 l2 = lse[i];
+#else
         const float2 l2 = *reinterpret_cast<const float2*>(sl + q);
+#endif
         const float off[2] = {s_offset(-l2.x, a), s_offset(-l2.y, a)};
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh)
@@ -683,11 +713,13 @@ struct DqParams {
 };
 
 template <int D, int STAGES>
-struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES> {
+struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, STAGES * 4> {
   static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
   static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
   static constexpr int kQ = 0, kDO = kQBytes;
   static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
+  // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX
+  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, STAGES * 4>::kExtra;
 };
 
 // dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
@@ -726,6 +758,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, j * kBM, qb.bhk, 128);
         tma_load_3d(st + L::kKT, &tm_kt, bar, j * kBM, 0, qb.bhk);
+      }, [&](int j) {
+        if (SAGE_TRAIN_EARLY)  // the step's K scale
+          reinterpret_cast<float*>(smem + L::kX)[j % STAGES] =
+              j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
       });
     }
     return;
@@ -771,20 +807,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     constexpr int kEdge = decltype(edge_c)::value;
     const int n0 = j * kBM;
     const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+#if SAGE_TRAIN_EARLY
+    float ksc;  // (read from the stage once it is waited for)
+#else
     const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
+#endif
     // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
     const bool edge =
         kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
 #if SAGE_TRAIN_DQPIPE
+#if SAGE_TRAIN_EARLY
+    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];  // (waited for by the step before)
+#endif
     wg_wait0();  // S and dP
     reg_fence(sacc);
     reg_fence(dp);
 #else
-    ring.wait_full(j);
-
     uint32_t sacc[32];
     float dp[32];
+#if SAGE_TRAIN_EARLY
     s_fill(sacc);
+    ring.wait_full(j);
+    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];
+#else
+    ring.wait_full(j);
+    s_fill(sacc);
+#endif
     wg_fence();
     issue_s_dp(sacc, dp, st);
     wg_wait1();  // S
@@ -905,7 +953,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
         tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
-      });
+      }, [](int) {});
     }
     return;
   }
