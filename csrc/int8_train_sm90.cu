@@ -734,13 +734,13 @@ struct DqParams {
 };
 
 template <int D, int STAGES>
-struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, STAGES * 4> {
+struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16> {  // (the barriers 8-aligned)
   static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
   static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
   static constexpr int kQ = 0, kDO = kQBytes;
   static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
   // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX
-  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, STAGES * 4>::kExtra;
+  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
 };
 
 // dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
