@@ -91,16 +91,12 @@
 // taken off the path: the producer lane loads the step's scales (dK / dV: Q's and ψ(dO)'s; dQ: K's) into the stage
 // with the TMA loads (plain loads and shared stores before its arrival on the stage's barrier), the consumers fill
 // S's accumulator before waiting for the stage and load the step's LSE pairs before issuing S and dP. 0: as before
+// H100 run 107 (benchmarks/results/train_variants_run107_*, each built twice, outputs identical): backward at hd128
+// 16K 23.7 / 24.4 vs 24.8 / 25.1 ms, causal 12.1 / 12.5 vs 13.1 / 12.7, 4K 1.64 / 1.71 vs 1.76 / 1.72; hd64 16K 17.0 vs
+// 17.5. (Also tried there: the dQ and PV products on the magic start, folded by FADD + FFMA instead of I2FP: forward
+// 8.96 vs 8.09 ms, backward no faster; dropped, code at 1f3b421.)
 #ifndef SAGE_TRAIN_EARLY
 #define SAGE_TRAIN_EARLY 1
-#endif
-// SAGE_TRAIN_PMAGIC 1: the INT8 products of the dQ kernel and the forward (dQ, PV; not dK / dV's: ptxas spills
-// 420-650 bytes there at hd128, products whole or in halves) start on 0x4B400000 as S does (SAGE_TRAIN_SMAGIC: each
-// int32 |sum| <= 127^2 * 64 < 2^22, so the accumulator read as a float is 1.5 * 2^23 + the sum exactly) and are folded
-// by an FADD and an FFMA instead of an I2FP and an FFMA (ncu run 106: I2FP 15 % of dK / dV's stall samples); the
-// fill is 8 LDS.128 per 32 registers. The same values: outputs identical to 0's
-#ifndef SAGE_TRAIN_PMAGIC
-#define SAGE_TRAIN_PMAGIC 0
 #endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
@@ -196,9 +192,9 @@ __device__ __forceinline__ void wgmma_s8_rs(uint32_t (&d)[N / 2], const uint32_t
 
 // d (s32, 64 x N) = the A fragments of two 32-deep k-steps (64 x 64 s8, registers) · B^T, B the K-major (N x 64) s8
 // tile at descriptor db (64-byte rows): the 8-bit products of every kernel (dK, dV, dQ, PV), not committed
-template <int N, bool MAGIC = false>
+template <int N>
 __device__ __forceinline__ void wgmma_s8_rs2(uint32_t (&d)[N / 2], const uint32_t (&frag)[2][4], uint64_t db) {
-  wgmma_s8_rs<N>(d, frag[0], db, MAGIC);  // (MAGIC: onto the accumulator's fill, prod_fill)
+  wgmma_s8_rs<N>(d, frag[0], db, 0);
   wgmma_s8_rs<N>(d, frag[1], db + 2, 1);
 }
 
@@ -261,26 +257,14 @@ __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, ui
 // as a float and the logits' offset that goes with it (z = fmaf(s_value(S), a, s_offset(off, a)) = S * a + off)
 __shared__ __align__(16) uint32_t s_magic[4];
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-template <int N>
-__device__ __forceinline__ void magic_fill(uint32_t (&d)[N]) {
+__device__ __forceinline__ void s_fill(uint32_t (&d)[32]) {
+#if SAGE_TRAIN_SMAGIC
 #pragma unroll
-  for (int i = 0; i < N; i += 4)  // (volatile: one LDS.128 per four registers, not merged or hoisted)
+  for (int i = 0; i < 32; i += 4)  // (volatile: one LDS.128 per four registers, not merged or hoisted)
     asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(d[i]), "=r"(d[i + 1]), "=r"(d[i + 2]), "=r"(d[i + 3])
                  : "r"(smem_u32(s_magic)));
-}
-__device__ __forceinline__ void s_fill(uint32_t (&d)[32]) {
-  if (SAGE_TRAIN_SMAGIC) magic_fill(d);
-}
-// SAGE_TRAIN_PMAGIC (MAGIC where a kernel takes it): an INT8 product's start (before its wgmma fence) and an element
-// of it as a float
-template <bool MAGIC, int N>
-__device__ __forceinline__ void prod_fill(uint32_t (&d)[N]) {
-  if (MAGIC) magic_fill(d);
-}
-template <bool MAGIC>
-__device__ __forceinline__ float prod_value(uint32_t x) {
-  return MAGIC ? __uint_as_float(x) - kMagic : __int2float_rn(static_cast<int>(x));
+#endif
 }
 __device__ __forceinline__ float s_value(uint32_t s) {
   return SAGE_TRAIN_SMAGIC ? __uint_as_float(s) : __int2float_rn(static_cast<int>(s));
@@ -325,7 +309,7 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
 __device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
 
 // acc[N / 2 * h ...] (fp32, N of the D channels) += prod (s32, 64 rows x N, landed) * f[row half]
-template <int D, int N, bool MAGIC = false>
+template <int D, int N>
 __device__ __forceinline__ void fold_int8_product(float (&acc)[D / 2], int h, const uint32_t (&prod)[N / 2],
                                                   const float (&f)[2]) {
 #pragma unroll
@@ -335,14 +319,14 @@ __device__ __forceinline__ void fold_int8_product(float (&acc)[D / 2], int h, co
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& a = acc[N / 2 * h + 4 * i + 2 * rh + e];
-        a = fmaf(prod_value<MAGIC>(prod[4 * i + 2 * rh + e]), f[rh], a);
+        a = fmaf(__int2float_rn(static_cast<int>(prod[4 * i + 2 * rh + e])), f[rh], a);
       }
 }
 
 // acc (fp32, 64 rows x D channels) += (frag (64 rows x 64, s8, the A fragments of two k-steps) · B^T) * f[row half],
 // B: the (D x 64) s8 tile at descriptor db (64-byte rows); in H column parts of D / H channels, each issued,
 // waited for and folded before the next (H = 2: an int32 product of 32 registers, not 64)
-template <int D, int H, bool MAGIC = false>
+template <int D, int H>
 __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t (&frag)[2][4], uint64_t db,
                                              const float (&f)[2]) {
   constexpr int N = D / H;
@@ -351,13 +335,12 @@ __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t
   for (int h = 0; h < H; ++h) {
     uint32_t prod[N / 2];
     const uint64_t dbh = db + h * (N * 64 / 16);  // channels N * h on: N * h rows of 64 bytes
-    prod_fill<MAGIC>(prod);
     wg_fence();
-    wgmma_s8_rs2<N, MAGIC>(prod, frag, dbh);
+    wgmma_s8_rs2<N>(prod, frag, dbh);
     wg_commit();
     wg_wait0();
     reg_fence(prod);
-    fold_int8_product<D, N, MAGIC>(acc, h, prod, f);
+    fold_int8_product<D, N>(acc, h, prod, f);
   }
 }
 
@@ -385,7 +368,7 @@ struct Ring {
         mbar_init(&full[s], 1);
         mbar_init(&empty[s], kCW);
       }
-      if (SAGE_TRAIN_SMAGIC || SAGE_TRAIN_PMAGIC)
+      if (SAGE_TRAIN_SMAGIC)
         for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -887,16 +870,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (more) ring.wait_full(j1);
     uint32_t prod[D / 2];
     s_fill(sacc);
-    prod_fill<SAGE_TRAIN_PMAGIC>(prod);
     wg_fence();
-    wgmma_s8_rs2<D, SAGE_TRAIN_PMAGIC>(prod, da, smem_desc<64>(st + L::kKT));
+    wgmma_s8_rs2<D>(prod, da, smem_desc<64>(st + L::kKT));
     wg_commit();
     issue_s_dp(sacc, dp, smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes);
     wg_wait2();  // the product (S and dP may still run)
     reg_fence(prod);
-    fold_int8_product<D, D, SAGE_TRAIN_PMAGIC>(dq, 0, prod, f);
+    fold_int8_product<D, D>(dq, 0, prod, f);
 #else
-    int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1, SAGE_TRAIN_PMAGIC>(dq, da, smem_desc<64>(st + L::kKT), f);
+    int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
 #endif
     ring.release(j);
   };
@@ -1044,9 +1026,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (more) ring.wait_full(j1);
       uint32_t pv[D / 2];
       s_fill(sacc);
-      prod_fill<SAGE_TRAIN_PMAGIC>(pv);
       wg_fence();
-      wgmma_s8_rs2<D, SAGE_TRAIN_PMAGIC>(pv, pa, smem_desc<64>(st + L::kVT));
+      wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kVT));
       issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
       // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
@@ -1066,7 +1047,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& acc = o[4 * i + 2 * rh + e];
-            acc = fmaf(prod_value<SAGE_TRAIN_PMAGIC>(pv[4 * i + 2 * rh + e]), f[rh], acc);
+            acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc);
           }
     };
     run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
