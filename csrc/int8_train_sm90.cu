@@ -90,8 +90,7 @@
 // for the step's Q scale, a global load issued just before it, and for the LSE loads, 4 %; dQ's K scale the same)
 // taken off the path: the producer lane loads the step's scales (dK / dV: Q's and ψ(dO)'s; dQ: K's) into the stage
 // with the TMA loads (plain loads and shared stores before its arrival on the stage's barrier), the consumers fill
-// S's accumulator before waiting for the stage and load the step's LSE pairs before issuing S and dP (2: right after
-// issuing them, so that the wgmma fence does not wait for those loads). 0: as before
+// S's accumulator before waiting for the stage and load the step's LSE pairs before issuing S and dP. 0: as before
 // H100 run 107 (benchmarks/results/train_variants_run107_*, each built twice, outputs identical): backward at hd128
 // 16K 23.7 / 24.4 vs 24.8 / 25.1 ms, causal 12.1 / 12.5 vs 13.1 / 12.7, 4K 1.64 / 1.71 vs 1.76 / 1.72; hd64 16K 17.0 vs
 // 17.5. (Also tried there: the dQ and PV products on the magic start, folded by FADD + FFMA instead of I2FP: forward
@@ -607,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the query steps whose queries all see every key of the warpgroup (causal: from its last key's reach on)
   const int full0 = CAUSAL ? (max(0, n0 + ln.wg * 64 + 63 - p.coff) + kBM - 1) / kBM : 0;
   for (int g = 0; g < p.group; ++g) {
-    const int bh = b * p.hq + hk * p.group + g;
+    [[maybe_unused]] const int bh = b * p.hq + hk * p.group + g;  // (read by the step's scale loads without EARLY)
     auto step = [&](int jm, auto edge_c) {
       constexpr int kEdge = decltype(edge_c)::value;
       const int m0 = jm * kBM;
@@ -621,13 +620,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SAGE_TRAIN_EARLY
       s_fill(sacc);
       ring.wait_full(it);
-      float2 sc, lse[8];  // the step's Q and ψ(dO) scales; this lane's queries' LSE2 pairs (column groups i)
-      auto load_step = [&] {
-        sc = *reinterpret_cast<const float2*>(smem + L::kX + (it % STAGES) * 8);
+      const float2 sc = *reinterpret_cast<const float2*>(smem + L::kX + (it % STAGES) * 8);
+      const float qraw = sc.x, sdo = sc.y;
+      float2 lse[8];  // this lane's queries' LSE2 pairs (column groups i)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) lse[i] = *reinterpret_cast<const float2*>(sl + perm_base(i) + 4 * t);
-      };
-      if (SAGE_TRAIN_EARLY == 1) load_step();
+      for (int i = 0; i < 8; ++i) lse[i] = *reinterpret_cast<const float2*>(sl + perm_base(i) + 4 * t);
 #else
       const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
@@ -639,10 +636,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_commit();
       issue_dp<D, T>(dp, sv + ln.wg * 64 * 128, kBN * 128, st + L::kDO, kBM * 128);
       wg_commit();
-#if SAGE_TRAIN_EARLY
-      if (SAGE_TRAIN_EARLY == 2) load_step();  // (after the issue: the wgmma fence does not wait for these loads)
-      const float qraw = sc.x, sdo = sc.y;
-#endif
       wg_wait1();  // S^T
       reg_fence(sacc);
 
@@ -840,16 +833,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SAGE_TRAIN_EARLY
     s_fill(sacc);
     ring.wait_full(j);
-    if (SAGE_TRAIN_EARLY == 1) ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];
+    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];
 #else
     ring.wait_full(j);
     s_fill(sacc);
 #endif
     wg_fence();
     issue_s_dp(sacc, dp, st);
-#if SAGE_TRAIN_EARLY == 2
-    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];
-#endif
     wg_wait1();  // S
     reg_fence(sacc);
 #endif
