@@ -923,10 +923,12 @@ struct FwdParams {
 };
 
 template <int D, int STAGES>
-struct FwdLayout : Frame<2 * kBM * D, 2 * kBM * D, STAGES> {
+struct FwdLayout : Frame<2 * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16> {
   static constexpr int kQBytes = 2 * kBM * D;  // q̂ of the CTA's 128 queries, one box
   static constexpr int kQ = 0;
   static constexpr int kK = 0, kVT = kBM * D;  // a stage: k̂ (perm_base's row order) + V̂^T (channels x 64 keys)
+  // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX (the barriers stay 8-aligned)
+  static constexpr int kX = Frame<2 * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
 };
 
 // Forward of 128 queries (two consumer warpgroups of 64) of one (batch, query head), SageBwd's numerics as the
@@ -958,7 +960,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
         tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
-      }, [](int) {});
+      }, [&](int j) {
+        if (SAGE_TRAIN_EARLY)  // the step's K scale
+          reinterpret_cast<float*>(smem + L::kX)[j % STAGES] = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
+      });
     }
     return;
   }
@@ -982,13 +987,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_fence();
     issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + L::kK));
     wg_commit();
+    // (SAGE_TRAIN_EARLY: the coming step's K scale, read from its stage once it is waited for)
+    [[maybe_unused]] float ksc_next = reinterpret_cast<const float*>(smem + L::kX)[0];
     wg_wait0();
     reg_fence(sacc);
     auto step = [&](int j, auto edge_c) {
       constexpr int kEdge = decltype(edge_c)::value;
       const int n0 = j * kBM;
       const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+#if SAGE_TRAIN_EARLY
+      const float ksc = ksc_next;
+#else
       const float ksc = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
+#endif
       const float vsc = __ldg(p.vs + static_cast<size_t>(qb.bhk) * p.nkb + j);
       const bool edge =
           kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
@@ -1025,6 +1036,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool more = j + 1 < qb.n_tiles;
       const int j1 = more ? j + 1 : j;
       if (more) ring.wait_full(j1);
+      if (SAGE_TRAIN_EARLY) ksc_next = reinterpret_cast<const float*>(smem + L::kX)[j1 % STAGES];
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
