@@ -93,7 +93,8 @@
 // S's accumulator before waiting for the stage and load the step's LSE pairs before issuing S and dP. 0: as before
 // H100 run 107 (benchmarks/results/train_variants_run107_*, each built twice, outputs identical): backward at hd128
 // 16K 23.7 / 24.4 vs 24.8 / 25.1 ms, causal 12.1 / 12.5 vs 13.1 / 12.7, 4K 1.64 / 1.71 vs 1.76 / 1.72; hd64 16K 17.0 vs
-// 17.5. (Also tried there: the dQ and PV products on the magic start, folded by FADD + FFMA instead of I2FP: forward
+// 17.5. The forward's K scale the same way (run 110): forward hd128 16K 8.01 / 7.97 vs 8.27 / 8.28 ms, hd64 16K 6.72 /
+// 6.67 vs 7.02 / 7.02, hd64 4K 0.456 / 0.454 vs 0.480 / 0.480. (Also tried there: the dQ and PV products on the magic start, folded by FADD + FFMA instead of I2FP: forward
 // 8.96 vs 8.09 ms, backward no faster; dropped, code at 1f3b421. Run 109: the loads after issuing S and dP instead,
 // so that the wgmma fence waits for the fill alone: hd64 16K 17.37 vs 17.18 ms, hd128 within the spread; code at 5f0a2a7.)
 #ifndef SAGE_TRAIN_EARLY
