@@ -94,9 +94,10 @@
 // H100 run 107 (benchmarks/results/train_variants_run107_*, each built twice, outputs identical): backward at hd128
 // 16K 23.7 / 24.4 vs 24.8 / 25.1 ms, causal 12.1 / 12.5 vs 13.1 / 12.7, 4K 1.64 / 1.71 vs 1.76 / 1.72; hd64 16K 17.0 vs
 // 17.5. The forward's K scale the same way (run 110): forward hd128 16K 8.01 / 7.97 vs 8.27 / 8.28 ms, hd64 16K 6.72 /
-// 6.67 vs 7.02 / 7.02, hd64 4K 0.456 / 0.454 vs 0.480 / 0.480. (Also tried there: the dQ and PV products on the magic start, folded by FADD + FFMA instead of I2FP: forward
-// 8.96 vs 8.09 ms, backward no faster; dropped, code at 1f3b421. Run 109: the loads after issuing S and dP instead,
-// so that the wgmma fence waits for the fill alone: hd64 16K 17.37 vs 17.18 ms, hd128 within the spread; code at 5f0a2a7.)
+// 6.67 vs 7.02 / 7.02, hd64 4K 0.456 / 0.454 vs 0.480 / 0.480. Also tried and dropped: the dQ and PV products on the
+// magic start, folded by FADD + FFMA instead of I2FP (run 107: forward 8.96 vs 8.09 ms, backward no faster; code at
+// 1f3b421); the loads after issuing S and dP, so that the wgmma fence waits for the fill alone (run 109: hd64 16K
+// 17.37 vs 17.18 ms, hd128 within the spread; code at 5f0a2a7).
 #ifndef SAGE_TRAIN_EARLY
 #define SAGE_TRAIN_EARLY 1
 #endif
@@ -399,6 +400,19 @@ __device__ __forceinline__ void produce_steps(const Ring<STAGES>& ring, uint8_t*
     mbar_expect_tx(bar, stage_bytes);
     load(st, bar, j);
   }
+}
+
+// SAGE_TRAIN_EARLY: step j's K scale in its stage's slot of the (STAGES fp32) array at x: the dQ kernel's and the
+// forward's producer lane writes it before arriving on the stage (GUARD: 0 past the scales, as the dQ kernel always
+// read them), the consumers read it once they waited for the stage
+template <int STAGES>
+__device__ __forceinline__ float& stage_k_scale(uint8_t* x, int j) {
+  return reinterpret_cast<float*>(x)[j % STAGES];
+}
+template <int STAGES, bool GUARD, typename P>
+__device__ __forceinline__ void put_k_scale(uint8_t* x, const P& p, int bhk, int j) {
+  if (SAGE_TRAIN_EARLY)
+    stage_k_scale<STAGES>(x, j) = !GUARD || j < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j) : 0.f;
 }
 
 // The producer warpgroup gives its registers to the consumers; true in the one lane that issues the TMA loads.
@@ -764,11 +778,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, j * kBM, qb.bhk, 128);
         tma_load_3d(st + L::kKT, &tm_kt, bar, j * kBM, 0, qb.bhk);
-      }, [&](int j) {
-        if (SAGE_TRAIN_EARLY)  // the step's K scale
-          reinterpret_cast<float*>(smem + L::kX)[j % STAGES] =
-              j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
-      });
+      }, [&](int j) { put_k_scale<STAGES, true>(smem + L::kX, p, qb.bhk, j); });
     }
     return;
   }
@@ -823,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
 #if SAGE_TRAIN_DQPIPE
 #if SAGE_TRAIN_EARLY
-    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];  // (waited for by the step before)
+    ksc = stage_k_scale<STAGES>(smem + L::kX, j);  // (waited for by the step before)
 #endif
     wg_wait0();  // S and dP
     reg_fence(sacc);
@@ -834,7 +844,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SAGE_TRAIN_EARLY
     s_fill(sacc);
     ring.wait_full(j);
-    ksc = reinterpret_cast<const float*>(smem + L::kX)[j % STAGES];
+    ksc = stage_k_scale<STAGES>(smem + L::kX, j);
 #else
     ring.wait_full(j);
     s_fill(sacc);
@@ -961,10 +971,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
         tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
-      }, [&](int j) {
-        if (SAGE_TRAIN_EARLY)  // the step's K scale
-          reinterpret_cast<float*>(smem + L::kX)[j % STAGES] = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
-      });
+      }, [&](int j) { put_k_scale<STAGES, false>(smem + L::kX, p, qb.bhk, j); });
     }
     return;
   }
@@ -989,7 +996,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + L::kK));
     wg_commit();
     // (SAGE_TRAIN_EARLY: the coming step's K scale, read from its stage once it is waited for)
-    [[maybe_unused]] float ksc_next = reinterpret_cast<const float*>(smem + L::kX)[0];
+    [[maybe_unused]] float ksc_next = stage_k_scale<STAGES>(smem + L::kX, 0);
     wg_wait0();
     reg_fence(sacc);
     auto step = [&](int j, auto edge_c) {
@@ -1037,7 +1044,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool more = j + 1 < qb.n_tiles;
       const int j1 = more ? j + 1 : j;
       if (more) ring.wait_full(j1);
-      if (SAGE_TRAIN_EARLY) ksc_next = reinterpret_cast<const float*>(smem + L::kX)[j1 % STAGES];
+      if (SAGE_TRAIN_EARLY) ksc_next = stage_k_scale<STAGES>(smem + L::kX, j1);
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
