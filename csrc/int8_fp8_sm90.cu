@@ -402,24 +402,6 @@ __device__ __forceinline__ float tree_max(const float* x) {  // max over x[0..N)
     return fmaxf(tree_max<N / 2>(x), tree_max<N / 2>(x + N / 2));
   }
 }
-// max over x[0..N) as int32 in three-input steps (max(max(a, b), c) is one VIMNMX3 on sm90): each level takes
-// the maxima of consecutive triples and carries the one or two left over, so 32 values take 15 three-input
-// maxima and one two-input one (depth 4)
-template <int N>
-__device__ __forceinline__ int tree_imax(const int* x) {
-  if constexpr (N == 1) {
-    return x[0];
-  } else if constexpr (N == 2) {
-    return max(x[0], x[1]);
-  } else {
-    int y[N / 3 + N % 3];
-#pragma unroll
-    for (int i = 0; i < N / 3; ++i) y[i] = max(max(x[3 * i], x[3 * i + 1]), x[3 * i + 2]);
-#pragma unroll
-    for (int i = 0; i < N % 3; ++i) y[N / 3 + i] = x[N / 3 * 3 + i];
-    return tree_imax<N / 3 + N % 3>(y);
-  }
-}
 template <int N>
 __device__ __forceinline__ float tree_sum(const float* x) {
   if constexpr (N == 1) {

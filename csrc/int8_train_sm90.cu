@@ -114,6 +114,15 @@
 #ifndef SAGE_TRAIN_SMAGIC
 #define SAGE_TRAIN_SMAGIC 1
 #endif
+// SAGE_TRAIN_FWDMAX 1 (with SAGE_TRAIN_SMAGIC): the forward's step softmax by fwd_softmax (below): the row max on S's
+// bits, each P~ by one FFMA and an exp, ψ's row max from the row max; 0: the row max over the logits, z - m a FADD
+// each, ψ's max over the P~
+#ifndef SAGE_TRAIN_FWDMAX
+#define SAGE_TRAIN_FWDMAX SAGE_TRAIN_SMAGIC
+#endif
+#if SAGE_TRAIN_FWDMAX && !SAGE_TRAIN_SMAGIC
+#error "SAGE_TRAIN_FWDMAX needs SAGE_TRAIN_SMAGIC (the row max on the accumulator's float bits)"
+#endif
 // SAGE_TRAIN_LAZY 1: the forward rescales O by alpha only in a warp where some row raised its max in the step (else
 // every alpha is exactly 1 and O * 1 is O: the same bits), the 32 or 64 FMULs a step skipped by a warp-uniform
 // branch; the rescale comes before the wait for PV, beside the tensor cores' work
@@ -278,22 +287,19 @@ __device__ __forceinline__ float s_offset(float off, float a) { return SAGE_TRAI
 // the step's operand order) with one scale per row (the row's amax over the quad / 127): the 8-bit A fragments of
 // the two k-steps (frag[kk][2h + rh] = columns 32kk + 16h + 4t + {0..3} of row rh), the two row scales and, with
 // SUMS, this lane's share of each row's sum of the INT8 values (16 of 64; exact int32)
-template <bool ABS, bool SUMS = false>
-__device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2],
-                                         int (*isum)[2] = nullptr) {
+// ψ of a (64 x 64) accumulator-layout tile x (element 4i + 2rh + e: row g + 8rh, column perm_base(i) + 4t + e of
+// the step's operand order) with one scale per row, m[rh] / 127, m[rh] the row's amax (quad-uniform): the 8-bit A
+// fragments of the two k-steps (frag[kk][2h + rh] = columns 32kk + 16h + 4t + {0..3} of row rh), the two row
+// scales and, with SUMS, this lane's share of each row's sum of the INT8 values (16 of 64; exact int32)
+template <bool SUMS = false>
+__device__ __forceinline__ void psi_pack(const float (&x)[32], const float (&m)[2], uint32_t (&frag)[2][4],
+                                         float (&scale)[2], int (*isum)[2] = nullptr) {
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
-    float m = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) m = fmaxf(m, ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     // (approximate divisions, as the Triton kernels' fp32 `/`: |x| * r stays within 127 * (1 + 2^-22), which
     // rounds to 127 at most; an IEEE division costs a slow-path call per row)
-    const float r = m > 0.f ? __fdividef(127.f, m) : 0.f;
-    scale[rh] = m * (1.f / 127.f);
+    const float r = m[rh] > 0.f ? __fdividef(127.f, m[rh]) : 0.f;
+    scale[rh] = m[rh] * (1.f / 127.f);
     uint32_t bsum = 0;  // the bits' sum: each is 0x4B400000 + its value (wrapping: the values' sum, offset below)
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk)
@@ -307,6 +313,24 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
       }
     if constexpr (SUMS) (*isum)[rh] = static_cast<int>(bsum - 16u * 0x4B400000u);
   }
+}
+
+// psi_pack with each row's amax (|x| where ABS, else x, and 0) taken over the quad
+template <bool ABS, bool SUMS = false>
+__device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2],
+                                         int (*isum)[2] = nullptr) {
+  float m[2];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    m[rh] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
+    m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 1));
+    m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 2));
+  }
+  psi_pack<SUMS>(x, m, frag, scale, isum);
 }
 
 __device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
@@ -921,6 +945,59 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ------------------------------------------------------------------------------------------ forward
+// SAGE_TRAIN_FWDMAX: one forward step's softmax from S's accumulator (S's magic start: each element's bits are those
+// of the float 1.5 * 2^23 + S, positive, so their int32 order is the logits' order; a masked element becomes -inf,
+// negative as an int32). Each row's max is taken on the bits (three-input integer maxima, tree_imax, and the quad's
+// shuffles); the logits' max is then fmaf(max, a, off), the same value as the max over the logits fmaf(S, a, off)
+// (fmaf rounds monotonically, a > 0). P~ = exp2(fmaf(S, a, off - m_new)): the offset and the new row max in one
+// rounding, one FFMA a logit. ψ's row max is the P~ of the row's largest S, exp2(fmaf(max, a, off - m_new)) (the
+// spec's δ_P = exp(rowmax(S) - m) / 127; the same value as the max over the row's P~ where ex2.approx is monotonic,
+// and within an ulp of it otherwise, which rounds to 127 at most). Updates the running max m, the rescale factors,
+// the row sums of the unrounded P~; writes P~ to z, ψ(P~) to pa and its row scales to sp.
+template <bool CAUSAL>
+__device__ __forceinline__ void fwd_softmax(float (&z)[32], uint32_t (&sacc)[32], float a, float (&m)[2],
+                                            float (&alpha)[2], float (&rs)[2], uint32_t (&pa)[2][4], float (&sp)[2],
+                                            bool edge, int n0, int t, int row0, int lk, int coff) {
+  if (edge) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n0 + perm_base(i) + 4 * t + e;
+          if (key >= lk || (CAUSAL && key > row0 + 8 * rh + coff)) sacc[4 * i + 2 * rh + e] = 0xff800000u;  // -inf
+        }
+  }
+  const float off = s_offset(0.f, a);  // the logits fmaf(S's float, a, off) are S * a
+  float off2[2], pm[2];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    int r[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      r[2 * i] = static_cast<int>(sacc[4 * i + 2 * rh]);
+      r[2 * i + 1] = static_cast<int>(sacc[4 * i + 2 * rh + 1]);
+    }
+    int mb = tree_imax<16>(r);
+    mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
+    mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
+    const float smax = __int_as_float(mb);  // 1.5 * 2^23 + the row's max S, or -inf
+    const float mn = fmaxf(m[rh], fmaf(smax, a, off));
+    const float msafe = mn == -INFINITY ? 0.f : mn;
+    alpha[rh] = ex2(m[rh] - msafe);
+    m[rh] = mn;
+    off2[rh] = s_offset(-msafe, a);
+    pm[rh] = ex2(fmaf(smax, a, off2[rh]));  // 0 for a row without keys so far
+  }
+#pragma unroll
+  for (int x = 0; x < 32; ++x) {
+    z[x] = ex2(fmaf(__uint_as_float(sacc[x]), a, off2[(x >> 1) & 1]));
+    rs[(x >> 1) & 1] += z[x];
+  }
+  psi_pack(z, pm, pa, sp);
+}
+
 struct FwdParams {
   const float* qs;  // (B*Hq, nqb): Q scales, 128 queries each
   const float* ks;  // (B*Hkv, nkb): K scales, 64 keys each
@@ -1011,10 +1088,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float vsc = __ldg(p.vs + static_cast<size_t>(qb.bhk) * p.nkb + j);
       const bool edge =
           kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
+      float z[32], alpha[2], rs[2] = {0.f, 0.f};
+      uint32_t pa[2][4];
+      float sp[2];
+#if SAGE_TRAIN_FWDMAX
+      // the row max on S's bits; P~ = exp2(S * a + (off - m_new)), one FFMA a logit; ψ's row max from the row max
+      fwd_softmax<CAUSAL>(z, sacc, qsc * ksc, m_i, alpha, rs, pa, sp, edge, n0, t, row0, p.lk, p.coff);
+#else
       // z = S * qsc * ksc (-inf where masked); the row max; P~ = exp2(z - m_new)
-      float z[32];
       row_logits<CAUSAL>(z, sacc, qsc * ksc, {0.f, 0.f}, edge, n0, t, row0, p.lk, p.coff);  // (fma with +0: the product)
-      float alpha[2], msafe[2];
+      float msafe[2];
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
         float mx = -INFINITY;
@@ -1027,15 +1110,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         alpha[rh] = ex2(m_i[rh] - msafe[rh]);
         m_i[rh] = mn;
       }
-      float rs[2] = {0.f, 0.f};
 #pragma unroll
       for (int x = 0; x < 32; ++x) {
         z[x] = ex2(z[x] - msafe[(x >> 1) & 1]);
         rs[(x >> 1) & 1] += z[x];
       }
-      uint32_t pa[2][4];
-      float sp[2];
       psi_rows<false>(z, pa, sp);
+#endif
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) l_i[rh] = fmaf(l_i[rh], alpha[rh], rs[rh]);
 #pragma unroll

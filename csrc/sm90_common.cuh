@@ -187,4 +187,24 @@ inline int make_map(CUtensorMap* map, const void* base, int rank, const uint64_t
 // register 2h (+1 for row g + 8) of k-step kk) is the lane's own columns i = 4kk + 2h and 4kk + 2h + 1.
 __host__ __device__ constexpr int perm_base(int i) { return 32 * (i / 4) + 16 * ((i / 2) & 1) + 2 * (i & 1); }
 
+// max over x[0..N) as int32 in three-input steps (max(max(a, b), c) is one VIMNMX3 on sm90): each level takes
+// the maxima of consecutive triples and carries the one or two left over, so 32 values take 15 three-input
+// maxima and one two-input one (depth 4). The int8_fp8 core's row max (SAGE_IMAX), the int8_train forward's
+// (SAGE_TRAIN_FWDMAX)
+template <int N>
+__device__ __forceinline__ int tree_imax(const int* x) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else if constexpr (N == 2) {
+    return max(x[0], x[1]);
+  } else {
+    int y[N / 3 + N % 3];
+#pragma unroll
+    for (int i = 0; i < N / 3; ++i) y[i] = max(max(x[3 * i], x[3 * i + 1]), x[3 * i + 2]);
+#pragma unroll
+    for (int i = 0; i < N % 3; ++i) y[N / 3 + i] = x[N / 3 * 3 + i];
+    return tree_imax<N / 3 + N % 3>(y);
+  }
+}
+
 }  // namespace sage_sm90

@@ -85,8 +85,13 @@ def test_sass_has_the_steps_wgmmas(compiled):
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         spills_ok = kind == "dkdv" and d == 128 and ("SAGE_TRAIN_PARTS=0" in knobs or "SAGE_TRAIN_EDGELOOP=0" in knobs)
         assert not re.search(r"\b(LDL|STL)\b", f) or spills_ok, name
-        # the exps of P (32 a step; the forward's two rescale factors) and no IEEE-division slow path (FCHK / CALL)
-        assert len(re.findall(r"MUFU\.EX2", f)) == (32 + 2 * (kind == "fwd")) * copies, name
+        # the exps of P (32 a step; the forward's two rescale factors, and with SAGE_TRAIN_FWDMAX (default with S's
+        # magic start) ψ's two row maxima) and no IEEE-division slow path (FCHK / CALL)
+        fwdmax = kind == "fwd" and "SAGE_TRAIN_SMAGIC=0" not in knobs and "SAGE_TRAIN_FWDMAX=0" not in knobs
+        assert len(re.findall(r"MUFU\.EX2", f)) == (32 + 2 * (kind == "fwd") + 2 * fwdmax) * copies, name
+        if fwdmax:  # the forward's row maxima on S's bits: 7 three-input integer maxima a row, no float max tree
+            assert len(re.findall(r"VIMNMX3", f)) == 14 * copies, name
+            assert len(re.findall(r"FMNMX", f)) <= 4 * copies, name
         assert "FCHK" not in f and "CALL" not in f, name
         # int32 -> fp32 conversions a step: the products' folds (D a step in dK / dV, D / 2 in dQ, PV's D / 2) and
         # dQ's two ψ row sums; S's 32 only without its magic start (SAGE_TRAIN_SMAGIC), whose accumulator fill is
