@@ -116,7 +116,12 @@
 #endif
 // SAGE_TRAIN_FWDMAX 1 (with SAGE_TRAIN_SMAGIC): the forward's step softmax by fwd_softmax (below): the row max on S's
 // bits, each P~ by one FFMA and an exp, ψ's row max from the row max; 0: the row max over the logits, z - m a FADD
-// each, ψ's max over the P~
+// each, ψ's max over the P~. Offline the full-step loop 570 -> 490 instructions at hd128 (468 -> 388 at hd64; the
+// loop issues ~2x the tensor cores' time, so the count sets its speed). H100 run 112 (train_variants_run112_*, each
+// built twice): forward hd128 16K 7.21 / 7.00 vs 7.84 / 7.90 ms, causal 3.67 / 3.77 vs 4.08 / 4.11, 4K 0.515 / 0.510 vs
+// 0.567 / 0.577; hd64 16K 5.79 / 5.63 vs 6.57 / 6.57, 4K 0.396 / 0.391 vs 0.448 / 0.451; outputs vs the Triton
+// forward 1e-5 rel-L1 as before, vs fp32 the same error to 4 digits (GPU tests 23/23). (Descriptors of each stage
+// made by one addition to stage 0's instead: no shorter, ptxas rebuilds the loop-invariant ones every step.)
 #ifndef SAGE_TRAIN_FWDMAX
 #define SAGE_TRAIN_FWDMAX SAGE_TRAIN_SMAGIC
 #endif
