@@ -101,6 +101,14 @@
 #ifndef SAGE_TRAIN_EARLY
 #define SAGE_TRAIN_EARLY 1
 #endif
+// SAGE_TRAIN_DFILL 1: dP's accumulator (dK / dV: dP^T's) starts at delta, the wgmma takes A negated (its scale-a -1),
+// so that it ends as delta - dP = -(dP - delta) and dS is one FMUL (P * that), not an FADD and an FMUL: ψ is odd (its
+// rounding is to nearest even, its scale an amax), so ψ(-dS) = -ψ(dS), and the sign goes into the products' row factor
+// (and dQ's row sums). The fill: dQ 8 four-word shared loads a step from a 16-byte slot per quad ({delta, delta} of its
+// two rows), dK / dV the stage's delta pairs. dP - delta rounds once inside the accumulation instead of after it.
+#ifndef SAGE_TRAIN_DFILL
+#define SAGE_TRAIN_DFILL 1
+#endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -168,13 +176,16 @@ __device__ __forceinline__ void wgmma_s8_ss_n64(uint32_t (&d)[32], uint64_t da, 
 }
 
 // dP^T (64 keys x 64 queries, f32) (+)= A (64 x 16, smem) * B (64 x 16, smem)^T, bf16 or fp16 (both K-major)
-template <typename T>
+// (NEG: A negated, the instruction's scale-a -1)
+template <typename T, bool NEG = false>
 __device__ __forceinline__ void wgmma_16_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
 #if SAGE_SM90A
   if constexpr (std::is_same<T, __half>::value) {
-    SAGE_WGMMA_SS_N64("k16.f32.f16.f16", ", 1, 1, 0, 0", SAGE_F8);
+    if constexpr (NEG) SAGE_WGMMA_SS_N64("k16.f32.f16.f16", ", -1, 1, 0, 0", SAGE_F8);
+    else SAGE_WGMMA_SS_N64("k16.f32.f16.f16", ", 1, 1, 0, 0", SAGE_F8);
   } else {
-    SAGE_WGMMA_SS_N64("k16.f32.bf16.bf16", ", 1, 1, 0, 0", SAGE_F8);
+    if constexpr (NEG) SAGE_WGMMA_SS_N64("k16.f32.bf16.bf16", ", -1, 1, 0, 0", SAGE_F8);
+    else SAGE_WGMMA_SS_N64("k16.f32.bf16.bf16", ", 1, 1, 0, 0", SAGE_F8);
   }
 #endif
 }
@@ -479,14 +490,15 @@ __device__ __forceinline__ void issue_s(uint32_t (&sacc)[32], uint64_t da, uint6
 }
 
 // dP (64 x 64, f32) = A (64 x D, 16-bit) · B (64 x D, 16-bit)^T, each in D / 64 chunks of 64 channels (128-byte
-// rows, 128B swizzle), a_chunk / b_chunk bytes apart
+// rows, 128B swizzle), a_chunk / b_chunk bytes apart; with SAGE_TRAIN_DFILL dP = its fill - A · B^T
 template <int D, typename T>
 __device__ __forceinline__ void issue_dp(float (&dp)[32], const uint8_t* a, int a_chunk, const uint8_t* b,
                                          int b_chunk) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const int c = kk / 4, j = kk % 4;  // 64-channel chunk, 16-channel step in it (32 bytes)
-    wgmma_16_ss_n64<T>(dp, smem_desc<128>(a + c * a_chunk) + 2 * j, smem_desc<128>(b + c * b_chunk) + 2 * j, kk);
+    wgmma_16_ss_n64<T, SAGE_TRAIN_DFILL>(dp, smem_desc<128>(a + c * a_chunk) + 2 * j,
+                                         smem_desc<128>(b + c * b_chunk) + 2 * j, SAGE_TRAIN_DFILL ? 1 : kk);
   }
 }
 
@@ -675,6 +687,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       ring.wait_full(it);
       s_fill(sacc);
 #endif
+#if SAGE_TRAIN_DFILL
+      // dP^T's columns are the lane's queries perm_base(i) + 4t + e: their delta, loaded straight into both rows' pairs
+      // (volatile: the loads stay before the fence; copies by register moves could sink past it, and ptxas would then
+      // fence and wait again itself, C7519)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh)
+          asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];\n"
+                       : "=f"(dp[4 * i + 2 * rh]), "=f"(dp[4 * i + 2 * rh + 1])
+                       : "r"(smem_u32(sl + kBM + perm_base(i) + 4 * t)));
+#endif
       wg_fence();
       issue_s<D>(sacc, da_k, smem_desc<D>(st + L::kQ));
       wg_commit();
@@ -713,6 +737,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       wg_wait0();  // dP^T
       reg_fence(dp);
+#if SAGE_TRAIN_DFILL
+#pragma unroll
+      for (int x = 0; x < 32; ++x) dp[x] *= pt[x];  // -dS^T (dp: delta - dP^T)
+#else
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float2 d2 = *reinterpret_cast<const float2*>(sl + kBM + perm_base(i) + 4 * t);
@@ -724,7 +752,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             dp[x] = pt[x] * (dp[x] - (e ? d2.y : d2.x));  // dS^T
           }
       }
+#endif
       psi_rows<true>(dp, da, sds);
+      if (SAGE_TRAIN_DFILL) sds[0] = -sds[0], sds[1] = -sds[1];  // (the scales of -ψ(-dS^T) = ψ(dS^T))
 
       // dV += ψ(P^T)·ψ(dO) * (sp * sdo), then dK += ψ(dS^T)·q̂ * (sds * qraw): one int32 product at a time
 #pragma unroll
@@ -761,14 +791,17 @@ struct DqParams {
   long long sob, soh, son;  // dQ strides (elements)
 };
 
+constexpr int kDqScaleBytes(int stages) { return (stages * 4 + 15) / 16 * 16; }
 template <int D, int STAGES>
-struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16> {  // (the barriers 8-aligned)
+struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + 64 * 16> {  // (barriers 8-aligned)
   static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
   static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
   static constexpr int kQ = 0, kDO = kQBytes;
   static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
-  // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX
-  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
+  // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX; (SAGE_TRAIN_DFILL) from kD a 16-byte slot per quad
+  // of consumer lanes: {delta, delta} of its row g, then of its row g + 8
+  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + 64 * 16>::kExtra;
+  static constexpr int kD = kX + kDqScaleBytes(STAGES);
 };
 
 // dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
@@ -825,6 +858,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     dl[rh] = row < p.lq ? __ldg(p.delta + static_cast<size_t>(qb.bh) * p.lq + row) : 0.f;
   }
   const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
+#if SAGE_TRAIN_DFILL
+  // dP's fill: this quad's slot (the four lanes write the same words)
+  const uint32_t dslot = smem_u32(smem + L::kD + (threadIdx.x >> 2) * 16);
+  asm volatile("st.shared.v4.f32 [%0], {%1, %1, %2, %2};\n" ::"r"(dslot), "f"(dl[0]), "f"(dl[1]) : "memory");
+  __syncwarp();
+  auto d_fill = [&](float(&dp)[32]) {  // (volatile: one LDS.128 per four registers each step, not hoisted)
+#pragma unroll
+    for (int i = 0; i < 32; i += 4)
+      asm volatile("ld.volatile.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(dp[i]), "=f"(dp[i + 1]), "=f"(dp[i + 2]), "=f"(dp[i + 3])
+                   : "r"(dslot));
+  };
+#else
+  auto d_fill = [](float(&)[32]) {};
+#endif
 
   float dq[D / 2], rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -845,6 +893,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dp[32];
   ring.wait_full(0);
   s_fill(sacc);
+  d_fill(dp);
   wg_fence();
   issue_s_dp(sacc, dp, smem + L::kStage0);
 #endif
@@ -872,11 +921,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dp[32];
 #if SAGE_TRAIN_EARLY
     s_fill(sacc);
+    d_fill(dp);
     ring.wait_full(j);
     ksc = stage_k_scale<STAGES>(smem + L::kX, j);
 #else
     ring.wait_full(j);
     s_fill(sacc);
+    d_fill(dp);
 #endif
     wg_fence();
     issue_s_dp(sacc, dp, st);
@@ -894,11 +945,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     reg_fence(dp);
 #endif
 #pragma unroll
-    for (int x = 0; x < 32; ++x) dp[x] = pt[x] * (dp[x] - dl[(x >> 1) & 1]);  // dS
+    for (int x = 0; x < 32; ++x) dp[x] = SAGE_TRAIN_DFILL ? pt[x] * dp[x] : pt[x] * (dp[x] - dl[(x >> 1) & 1]);  // (-)dS
     uint32_t da[2][4];
     float sds[2];
     int isum[2];
     psi_rows<true, true>(dp, da, sds, &isum);
+    if (SAGE_TRAIN_DFILL) sds[0] = -sds[0], sds[1] = -sds[1];  // (the scales of -ψ(-dS) = ψ(dS))
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) rs[rh] = fmaf(static_cast<float>(isum[rh]), sds[rh], rs[rh]);
 #pragma unroll
@@ -911,6 +963,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (more) ring.wait_full(j1);
     uint32_t prod[D / 2];
     s_fill(sacc);
+    d_fill(dp);
     wg_fence();
     wgmma_s8_rs2<D>(prod, da, smem_desc<64>(st + L::kKT));
     wg_commit();

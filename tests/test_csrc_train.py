@@ -17,7 +17,7 @@ from test_csrc import NVCC, sass_functions
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
-                                        "-DSAGE_TRAIN_EARLY=0",
+                                        "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
                                         "-DSAGE_TRAIN_DQPIPE=1"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
@@ -82,6 +82,9 @@ def test_sass_has_the_steps_wgmmas(compiled):
         n_dp = 0 if kind == "fwd" else d // 16 * (copies + first)
         hgmma = r"HGMMA\.64x64x16\.F32%s " % ("" if fp16 else r"\.BF16")  # (fp16: no suffix)
         assert len(re.findall(hgmma, f)) == n_dp, name
+        # SAGE_TRAIN_DFILL (default): dP's wgmmas take A negated onto the fill with delta (dS one FMUL)
+        dfill = "SAGE_TRAIN_DFILL=0" not in knobs
+        assert len(re.findall(hgmma + r"R\d+, gdesc\[UR\d+\]\.negA", f)) == n_dp * dfill, name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
         spills_ok = kind == "dkdv" and d == 128 and ("SAGE_TRAIN_PARTS=0" in knobs or "SAGE_TRAIN_EDGELOOP=0" in knobs)
         assert not re.search(r"\b(LDL|STL)\b", f) or spills_ok, name
@@ -99,7 +102,9 @@ def test_sass_has_the_steps_wgmmas(compiled):
         magic = "SAGE_TRAIN_SMAGIC=0" not in knobs
         folds = {"dkdv": d, "dq": d // 2 + 2, "fwd": d // 2}[kind]
         assert len(re.findall(r"I2FP\.F32\.S32", f)) == (folds + 32 * (not magic)) * copies, name
-        assert len(re.findall(r"LDS\.128", f)) == 8 * (copies + first) * magic, name
+        # (SAGE_TRAIN_DFILL: dQ's fill of dP with delta another 8 a step)
+        n_lds = 8 * (copies + first) * magic + 8 * (copies + first) * (dfill and kind == "dq")
+        assert len(re.findall(r"LDS\.128", f)) == n_lds, name
         # ψ's roundings (64 values a step in dK / dV, 32 in dQ and the forward): one FFMA onto 1.5 * 2^23 each
         # (SAGE_TRAIN_FMAROUND), else an FMUL and an FADD of 1.5 * 2^23
         n_psi = (64 if kind == "dkdv" else 32) * copies
