@@ -2,7 +2,9 @@
 SAGE_TRAIN_DQ_*, SAGE_TRAIN_FWD_STAGES) against each other and against the Triton kernels, in one process (one GPU
 run). All variants are compiled in parallel first, then timed shape by shape on the same quantized inputs:
 ``int8_train.attention.forward`` and ``backward(psi="split")`` (the backward's small preparation kernels are the
-same for all), ``triton.testing.do_bench`` median; each variant's outputs are compared with the first's.
+same for all), ``triton.testing.do_bench`` median; each variant's outputs are compared with the first's. ``--rounds R``
+times each variant R times per shape in rotated order and reports the median and range (single passes drift with
+the order: in runs 110-113 whichever variant came third ran its hd128 16K backward ~10 % slow).
 
     python benchmarks/train_variants.py --variants "base=;s2=-DSAGE_TRAIN_STAGES=2" --out v.json
 
@@ -15,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -39,6 +42,8 @@ def main():
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--out", default=None)
     p.add_argument("--no-triton", action="store_true", help="time the CUDA variants only")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="timings per variant and shape, the order rotated each round (median and range reported)")
     a = p.parse_args()
     variants = parse_variants(a.variants)
     mods = build_variants("sage_compile.kernels.int8_train.cuda", variants)
@@ -52,32 +57,49 @@ def main():
         q, k, v, do = (torch.randn(a.batch, a.heads, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         qt = KQ.quantize(q, k, v)
         flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
-        first = None
-        for name, flags in variants + ([] if a.no_triton else [("triton", None)]):  # (Triton last: vs the first)
+        first, fns, diffs = None, {}, {}
+        allv = variants + ([] if a.no_triton else [("triton", None)])  # (Triton last: vs the first)
+
+        def use(name, flags):
             if flags is None:
                 os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "triton"
             else:  # this variant's module serves every call of the CUDA path
                 os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda"
                 cuda._state.update(tried=True, module=mods[name], error=None)
+
+        for name, flags in allv:
+            use(name, flags)
             fwd = lambda: KA.forward(*qt[:6], causal, None, "HND", torch.bfloat16)  # noqa: E731
             o, lse = fwd()
-            bwd = lambda: KA.backward(*qt, o, lse, do, causal, None, "HND", torch.bfloat16, psi="split")  # noqa: E731
+            bwd = lambda o=o, lse=lse: KA.backward(*qt, o, lse, do, causal, None, "HND", torch.bfloat16,  # noqa: E731
+                                                   psi="split")
             grads = bwd()
             torch.cuda.synchronize()
             outs = [o.float(), lse, *(g.float() for g in grads)]
             if flags is not None and first is None:
                 first = outs
-            diff = 0.0 if first is None else max(float((x - y).abs().max()) for x, y in zip(outs, first))
-            ms_f, ms_b = do_bench(fwd, warmup=10, rep=50), do_bench(bwd, warmup=10, rep=50)
+            diffs[name] = 0.0 if first is None else max(float((x - y).abs().max()) for x, y in zip(outs, first))
+            fns[name] = (fwd, bwd)
+        times = {name: ([], []) for name, _ in allv}
+        for r in range(a.rounds):  # the order rotated each round
+            for name, flags in allv[r % len(allv):] + allv[:r % len(allv)]:
+                use(name, flags)
+                fwd, bwd = fns[name]
+                times[name][0].append(do_bench(fwd, warmup=10, rep=50))
+                times[name][1].append(do_bench(bwd, warmup=10, rep=50))
+        for name, flags in allv:
+            tf, tb = times[name]
+            ms_f, ms_b = statistics.median(tf), statistics.median(tb)
             row = dict(base, variant=name if flags is None else f"cuda:{name}", flags=flags, head_dim=d, seq_len=n,
-                       causal=causal)
-            recs += [dict(row, metric="fwd_ms", value=ms_f), dict(row, metric="bwd_ms", value=ms_b),
+                       causal=causal, rounds=a.rounds)
+            recs += [dict(row, metric="fwd_ms", value=ms_f, all=tf), dict(row, metric="bwd_ms", value=ms_b, all=tb),
                      dict(row, metric="fwd_tflops", value=flops / ms_f / 1e9),
                      dict(row, metric="bwd_tflops", value=2.5 * flops / ms_b / 1e9),
-                     dict(row, metric="max_abs_diff_vs_first_cuda", value=diff)]
-            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms ({flops / ms_f / 1e9:6.1f})  "
-                  f"bwd {ms_b:7.3f} ms ({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diff:.3g}",
-                  flush=True)
+                     dict(row, metric="max_abs_diff_vs_first_cuda", value=diffs[name])]
+            rng = "" if a.rounds == 1 else (f" [{min(tf):.3f}-{max(tf):.3f}]", f" [{min(tb):.3f}-{max(tb):.3f}]")
+            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms{rng[0] if rng else ''} "
+                  f"({flops / ms_f / 1e9:6.1f})  bwd {ms_b:7.3f} ms{rng[1] if rng else ''} "
+                  f"({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diffs[name]:.3g}", flush=True)
         os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
         if a.out:
             with open(a.out, "w") as fh:
