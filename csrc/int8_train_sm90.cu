@@ -106,6 +106,11 @@
 // rounding is to nearest even, its scale an amax), so ψ(-dS) = -ψ(dS), and the sign goes into the products' row factor
 // (and dQ's row sums). The fill: dQ 8 four-word shared loads a step from a 16-byte slot per quad ({delta, delta} of its
 // two rows), dK / dV the stage's delta pairs. dP - delta rounds once inside the accumulation instead of after it.
+// Offline: dQ's step 511 -> 487 instructions at hd128 (412 -> 394 at hd64), dK / dV's 779 -> 756 (620 -> 593). H100,
+// backward ms, each built twice (train_variants_run11[34]_*; run 114 three rounds in rotated order, medians): hd128
+// 16K 22.96 / 23.47 / 25.33 vs 23.67 / 23.68 / 24.46 (identical builds differ by up to 8 % there), causal 11.83 /
+// 12.02 / 12.25 vs 12.34 / 12.35 / 12.36, 4K 1.609 / 1.618 / 1.613 vs 1.647 / 1.681 / 1.653; hd64 16K 17.05-17.16
+// either way. Gradients vs fp32 the same errors to 4 digits (GPU tests 23/23, run 113).
 #ifndef SAGE_TRAIN_DFILL
 #define SAGE_TRAIN_DFILL 1
 #endif
