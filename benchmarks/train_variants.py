@@ -3,8 +3,9 @@ SAGE_TRAIN_DQ_*, SAGE_TRAIN_FWD_STAGES) against each other and against the Trito
 run). All variants are compiled in parallel first, then timed shape by shape on the same quantized inputs:
 ``int8_train.attention.forward`` and ``backward(psi="split")`` (the backward's small preparation kernels are the
 same for all), ``triton.testing.do_bench`` median; each variant's outputs are compared with the first's. ``--rounds R``
-times each variant R times per shape in rotated order and reports the median and range (single passes drift with
-the order: in runs 110-113 whichever variant came third ran its hd128 16K backward ~10 % slow).
+times each variant R times per shape in rotated order and reports the median and range. Builds of the same source
+can differ by up to 8 % in the hd128 16K backward (run 114: the same gap with and without rotation), so build each
+variant twice (a second name with an explicit default flag) and compare builds, not single numbers.
 
     python benchmarks/train_variants.py --variants "base=;s2=-DSAGE_TRAIN_STAGES=2" --out v.json
 
