@@ -114,11 +114,6 @@
 #ifndef SAGE_TRAIN_DFILL
 #define SAGE_TRAIN_DFILL 1
 #endif
-// SAGE_TRAIN_PIMAX 1: ψ(P)'s row max (dK / dV; the forward's without SAGE_TRAIN_FWDMAX) on the values' bits, by
-// three-input integer maxima (psi_rows); 0: a float max per value. The same maxima: outputs identical
-#ifndef SAGE_TRAIN_PIMAX
-#define SAGE_TRAIN_PIMAX 1
-#endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -341,32 +336,20 @@ __device__ __forceinline__ void psi_pack(const float (&x)[32], const float (&m)[
   }
 }
 
-// psi_pack with each row's amax (|x| where ABS, else x, and 0) taken over the quad. Without ABS (ψ of P, whose values
-// are never negative) and with SAGE_TRAIN_PIMAX, the max is taken on the values' bits as int32, whose order is the
-// floats' order for non-negative values: three-input integer maxima, the same maximum in half the instructions (a -0.0 is a negative int32 and loses to the start 0, as fmaxf(0, -0) gives +0 here)
+// psi_pack with each row's amax (|x| where ABS, else x, and 0) taken over the quad
 template <bool ABS, bool SUMS = false>
 __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2],
                                          int (*isum)[2] = nullptr) {
   float m[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
-    if constexpr (!ABS && SAGE_TRAIN_PIMAX) {
-      int mb = 0;  // (a chain of three-input maxima, not a tree: one live partial, no spills at hd128)
+    m[rh] = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        mb = max(max(mb, __float_as_int(x[4 * i + 2 * rh])), __float_as_int(x[4 * i + 2 * rh + 1]));
-      mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 1));
-      mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, 2));
-      m[rh] = __int_as_float(mb);
-    } else {
-      m[rh] = 0.f;
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
-      m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 1));
-      m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 2));
-    }
+      for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
+    m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 1));
+    m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 2));
   }
   psi_pack<SUMS>(x, m, frag, scale, isum);
 }
