@@ -111,6 +111,9 @@
 // 16K 22.96 / 23.47 / 25.33 vs 23.67 / 23.68 / 24.46 (identical builds differ by up to 8 % there), causal 11.83 /
 // 12.02 / 12.25 vs 12.34 / 12.35 / 12.36, 4K 1.609 / 1.618 / 1.613 vs 1.647 / 1.681 / 1.653; hd64 16K 17.05-17.16
 // either way. Gradients vs fp32 the same errors to 4 digits (GPU tests 23/23, run 113).
+// ψ(P)'s row max in dK / dV on the values' bits by three-input integer maxima (SAGE_TRAIN_PIMAX; code at e537761) was
+// dropped: the same outputs bit for bit and 17 instructions fewer a step, but slower (H100 run 115, 3 rounds, each
+// built twice: backward hd64 16K 17.39 / 17.39 vs 17.18 / 17.18 ms, hd128 16K 23.76 / 24.91 vs 22.99 / 23.60).
 #ifndef SAGE_TRAIN_DFILL
 #define SAGE_TRAIN_DFILL 1
 #endif
