@@ -117,6 +117,11 @@
 #ifndef SAGE_TRAIN_DFILL
 #define SAGE_TRAIN_DFILL 1
 #endif
+// SAGE_TRAIN_MAXCHAINS k (1, 2, 4 or 8; 0 = one chain as before): ψ's row maxima (psi_rows: dK / dV's ψ(P^T) and
+// ψ(dS^T), dQ's ψ(dS)) as k independent chains over the 16 values, then a tree over the chains; the same maxima
+#ifndef SAGE_TRAIN_MAXCHAINS
+#define SAGE_TRAIN_MAXCHAINS 0
+#endif
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -346,11 +351,28 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
   float m[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
+#if SAGE_TRAIN_MAXCHAINS
+    // SAGE_TRAIN_MAXCHAINS independent chains over the row's 16 values, then their maxima: the same maximum with a
+    // shorter dependency path (16 FMNMX deep with one chain)
+    constexpr int kC = SAGE_TRAIN_MAXCHAINS;
+    float c[kC];
+#pragma unroll
+    for (int v = 0; v < 16; ++v) {
+      const float xv = ABS ? fabsf(x[4 * (v / 2) + 2 * rh + (v & 1)]) : x[4 * (v / 2) + 2 * rh + (v & 1)];
+      c[v % kC] = v < kC ? xv : fmaxf(c[v % kC], xv);
+    }
+#pragma unroll
+    for (int w = kC / 2; w >= 1; w /= 2)
+#pragma unroll
+      for (int k = 0; k < w; ++k) c[k] = fmaxf(c[k], c[k + w]);
+    m[rh] = ABS ? c[0] : fmaxf(c[0], 0.f);  // (ψ(P): the max with 0, as the single chain starts)
+#else
     m[rh] = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
+#endif
     m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 1));
     m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 2));
   }
