@@ -117,11 +117,20 @@
 #ifndef SAGE_TRAIN_DFILL
 #define SAGE_TRAIN_DFILL 1
 #endif
-// SAGE_TRAIN_MAXCHAINS k (1, 2, 4 or 8; 0 = one chain as before): ψ's row maxima (psi_rows: dK / dV's ψ(P^T) and
-// ψ(dS^T), dQ's ψ(dS)) as k independent chains over the 16 values, then a tree over the chains; the same maxima
-#ifndef SAGE_TRAIN_MAXCHAINS
-#define SAGE_TRAIN_MAXCHAINS 0
+// SAGE_TRAIN_MAXCHAINS64 / SAGE_TRAIN_MAXCHAINS128 k (2, 4 or 8; 0: one chain): ψ's row maxima (psi_rows: dK / dV's
+// ψ(P^T) and ψ(dS^T), dQ's ψ(dS); the forward's without SAGE_TRAIN_FWDMAX) at that head dim as k independent chains
+// over the 16 values, then a tree over the chains: the same maxima on a shorter dependency path. H100 run 116
+// (train_variants_run116_*, 3 rounds, each built twice, outputs identical), backward with 4 chains vs one: hd64 16K
+// 16.84 / 16.84 vs 17.14 / 17.14 ms; hd128 causal 16K 12.50 / 12.49 vs 12.11 / 12.10, 4K 1.646 / 1.686 vs 1.609 /
+// 1.604 (16K within the builds' spread). So 4 at hd64, one chain at hd128.
+#ifndef SAGE_TRAIN_MAXCHAINS64
+#define SAGE_TRAIN_MAXCHAINS64 4
 #endif
+#ifndef SAGE_TRAIN_MAXCHAINS128
+#define SAGE_TRAIN_MAXCHAINS128 0
+#endif
+template <int D>
+__host__ __device__ constexpr int max_chains() { return D == 64 ? SAGE_TRAIN_MAXCHAINS64 : SAGE_TRAIN_MAXCHAINS128; }
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -344,35 +353,36 @@ __device__ __forceinline__ void psi_pack(const float (&x)[32], const float (&m)[
   }
 }
 
-// psi_pack with each row's amax (|x| where ABS, else x, and 0) taken over the quad
-template <bool ABS, bool SUMS = false>
+// psi_pack with each row's amax (|x| where ABS, else x, and 0) taken over the quad, over CHAINS chains (0: one)
+template <bool ABS, int CHAINS, bool SUMS = false>
 __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[2][4], float (&scale)[2],
                                          int (*isum)[2] = nullptr) {
   float m[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
-#if SAGE_TRAIN_MAXCHAINS
-    // SAGE_TRAIN_MAXCHAINS independent chains over the row's 16 values, then their maxima: the same maximum with a
-    // shorter dependency path (16 FMNMX deep with one chain)
-    constexpr int kC = SAGE_TRAIN_MAXCHAINS;
-    float c[kC];
+    if constexpr (CHAINS > 1) {
+      // independent chains over the row's 16 values, then their maxima: the same maximum with a shorter dependency
+      // path (16 FMNMX deep with one chain)
+      static_assert(CHAINS == 2 || CHAINS == 4 || CHAINS == 8, "2, 4 or 8 chains");
+      constexpr int kC = CHAINS;
+      float c[kC];
 #pragma unroll
-    for (int v = 0; v < 16; ++v) {
-      const float xv = ABS ? fabsf(x[4 * (v / 2) + 2 * rh + (v & 1)]) : x[4 * (v / 2) + 2 * rh + (v & 1)];
-      c[v % kC] = v < kC ? xv : fmaxf(c[v % kC], xv);
+      for (int v = 0; v < 16; ++v) {
+        const float xv = ABS ? fabsf(x[4 * (v / 2) + 2 * rh + (v & 1)]) : x[4 * (v / 2) + 2 * rh + (v & 1)];
+        c[v % kC] = v < kC ? xv : fmaxf(c[v % kC], xv);
+      }
+#pragma unroll
+      for (int w = kC / 2; w >= 1; w /= 2)
+#pragma unroll
+        for (int k = 0; k < w; ++k) c[k] = fmaxf(c[k], c[k + w]);
+      m[rh] = ABS ? c[0] : fmaxf(c[0], 0.f);  // (ψ(P): the max with 0, as the single chain starts)
+    } else {
+      m[rh] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
     }
-#pragma unroll
-    for (int w = kC / 2; w >= 1; w /= 2)
-#pragma unroll
-      for (int k = 0; k < w; ++k) c[k] = fmaxf(c[k], c[k + w]);
-    m[rh] = ABS ? c[0] : fmaxf(c[0], 0.f);  // (ψ(P): the max with 0, as the single chain starts)
-#else
-    m[rh] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) m[rh] = fmaxf(m[rh], ABS ? fabsf(x[4 * i + 2 * rh + e]) : x[4 * i + 2 * rh + e]);
-#endif
     m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 1));
     m[rh] = fmaxf(m[rh], __shfl_xor_sync(0xffffffffu, m[rh], 2));
   }
@@ -763,7 +773,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       uint32_t pa[2][4], da[2][4];
       float sp[2], sds[2];
-      psi_rows<false>(pt, pa, sp);
+      psi_rows<false, max_chains<D>()>(pt, pa, sp);
 
       wg_wait0();  // dP^T
       reg_fence(dp);
@@ -783,7 +793,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
       }
 #endif
-      psi_rows<true>(dp, da, sds);
+      psi_rows<true, max_chains<D>()>(dp, da, sds);
       if (SAGE_TRAIN_DFILL) sds[0] = -sds[0], sds[1] = -sds[1];  // (the scales of -ψ(-dS^T) = ψ(dS^T))
 
       // dV += ψ(P^T)·ψ(dO) * (sp * sdo), then dK += ψ(dS^T)·q̂ * (sds * qraw): one int32 product at a time
@@ -979,7 +989,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t da[2][4];
     float sds[2];
     int isum[2];
-    psi_rows<true, true>(dp, da, sds, &isum);
+    psi_rows<true, max_chains<D>(), true>(dp, da, sds, &isum);
     if (SAGE_TRAIN_DFILL) sds[0] = -sds[0], sds[1] = -sds[1];  // (the scales of -ψ(-dS) = ψ(dS))
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) rs[rh] = fmaf(static_cast<float>(isum[rh]), sds[rh], rs[rh]);
@@ -1203,7 +1213,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         z[x] = ex2(z[x] - msafe[(x >> 1) & 1]);
         rs[(x >> 1) & 1] += z[x];
       }
-      psi_rows<false>(z, pa, sp);
+      psi_rows<false, max_chains<D>()>(z, pa, sp);
 #endif
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) l_i[rh] = fmaf(l_i[rh], alpha[rh], rs[rh]);

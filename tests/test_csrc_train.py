@@ -15,7 +15,7 @@ from test_csrc import NVCC, sass_functions
 
 @pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
-                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0",
+                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
                                         "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
                                         "-DSAGE_TRAIN_DQPIPE=1"])
