@@ -587,6 +587,14 @@ __device__ __forceinline__ int full_steps(const QueryBlock& q, int wg, const P& 
   return vis > 0 ? vis / kBM : 0;
 }
 
+// Whether element 4i + 2rh + e of a (64 rows x 64 keys) step in the rows' layout (row row0 + 8rh, key n0 + perm_base(i)
+// + 4t + e) is masked: its key past Lk or, causal, past the row's reach row + coff
+template <bool CAUSAL>
+__device__ __forceinline__ bool row_masked(int i, int rh, int e, int n0, int t, int row0, int lk, int coff) {
+  const int key = n0 + perm_base(i) + 4 * t + e;
+  return key >= lk || (CAUSAL && key > row0 + 8 * rh + coff);
+}
+
 // The logits of a (64 rows x 64 keys) step in the rows' layout (element 4i + 2rh + e: row row0 + 8rh, key n0 +
 // perm_base(i) + 4t + e): S * a + off[row half], -inf where masked (only under `edge`: keys past Lk or, causal,
 // past the row's reach row + coff)
@@ -600,12 +608,8 @@ __device__ __forceinline__ void row_logits(float (&z)[32], const uint32_t (&sacc
     for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, o[rh]);
-        if (edge) {
-          const int key = n0 + perm_base(i) + 4 * t + e;
-          if (key >= lk || (CAUSAL && key > row0 + 8 * rh + coff)) v = -INFINITY;
-        }
-        z[4 * i + 2 * rh + e] = v;
+        const float v = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, o[rh]);
+        z[4 * i + 2 * rh + e] = edge && row_masked<CAUSAL>(i, rh, e, n0, t, row0, lk, coff) ? -INFINITY : v;
       }
 }
 
@@ -1062,10 +1066,8 @@ __device__ __forceinline__ void fwd_softmax(float (&z)[32], uint32_t (&sacc)[32]
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = n0 + perm_base(i) + 4 * t + e;
-          if (key >= lk || (CAUSAL && key > row0 + 8 * rh + coff)) sacc[4 * i + 2 * rh + e] = 0xff800000u;  // -inf
-        }
+        for (int e = 0; e < 2; ++e)
+          if (row_masked<CAUSAL>(i, rh, e, n0, t, row0, lk, coff)) sacc[4 * i + 2 * rh + e] = 0xff800000u;  // -inf
   }
   const float off = s_offset(0.f, a);  // the logits fmaf(S's float, a, off) are S * a
   float off2[2], pm[2];
