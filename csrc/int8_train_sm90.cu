@@ -322,10 +322,6 @@ __device__ __forceinline__ float s_value(uint32_t s) {
 __device__ __forceinline__ float s_offset(float off, float a) { return SAGE_TRAIN_SMAGIC ? fmaf(-kMagic, a, off) : off; }
 
 // ψ of a (64 x 64) accumulator-layout tile x (element 4i + 2rh + e: row g + 8rh, column perm_base(i) + 4t + e of
-// the step's operand order) with one scale per row (the row's amax over the quad / 127): the 8-bit A fragments of
-// the two k-steps (frag[kk][2h + rh] = columns 32kk + 16h + 4t + {0..3} of row rh), the two row scales and, with
-// SUMS, this lane's share of each row's sum of the INT8 values (16 of 64; exact int32)
-// ψ of a (64 x 64) accumulator-layout tile x (element 4i + 2rh + e: row g + 8rh, column perm_base(i) + 4t + e of
 // the step's operand order) with one scale per row, m[rh] / 127, m[rh] the row's amax (quad-uniform): the 8-bit A
 // fragments of the two k-steps (frag[kk][2h + rh] = columns 32kk + 16h + 4t + {0..3} of row rh), the two row
 // scales and, with SUMS, this lane's share of each row's sum of the INT8 values (16 of 64; exact int32)
