@@ -52,6 +52,18 @@ def main():
                 commit=os.environ.get("SAGE_COMPILE_COMMIT"), date=datetime.date.today().isoformat(),
                 command=" ".join(sys.argv), heads=a.heads, batch=a.batch, kernel="sage_int8_train")
     recs = []
+    allv = variants + ([] if a.no_triton else [("triton", None)])  # (Triton last: vs the first)
+
+    def use(name, flags):
+        if flags is None:
+            os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "triton"
+        else:  # this variant's module serves every call of the CUDA path
+            os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda"
+            cuda._state.update(tried=True, module=mods[name], error=None)
+
+    def span(t):  # the range of a variant's rounds
+        return "" if len(t) == 1 else f" [{min(t):.3f}-{max(t):.3f}]"
+
     for shape in a.shapes.split(","):
         d, n, causal = shape.split(":")
         d, n = int(d), int(n)
@@ -59,15 +71,6 @@ def main():
         qt = KQ.quantize(q, k, v)
         flops = 4 * a.batch * a.heads * n * n * d / (1 if causal == "none" else 2)
         first, fns, diffs = None, {}, {}
-        allv = variants + ([] if a.no_triton else [("triton", None)])  # (Triton last: vs the first)
-
-        def use(name, flags):
-            if flags is None:
-                os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "triton"
-            else:  # this variant's module serves every call of the CUDA path
-                os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda"
-                cuda._state.update(tried=True, module=mods[name], error=None)
-
         for name, flags in allv:
             use(name, flags)
             fwd = lambda: KA.forward(*qt[:6], causal, None, "HND", torch.bfloat16)  # noqa: E731
@@ -97,9 +100,8 @@ def main():
                      dict(row, metric="fwd_tflops", value=flops / ms_f / 1e9),
                      dict(row, metric="bwd_tflops", value=2.5 * flops / ms_b / 1e9),
                      dict(row, metric="max_abs_diff_vs_first_cuda", value=diffs[name])]
-            rng = "" if a.rounds == 1 else (f" [{min(tf):.3f}-{max(tf):.3f}]", f" [{min(tb):.3f}-{max(tb):.3f}]")
-            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms{rng[0] if rng else ''} "
-                  f"({flops / ms_f / 1e9:6.1f})  bwd {ms_b:7.3f} ms{rng[1] if rng else ''} "
+            print(f"hd{d} N={n} {causal:8s} {name:12s} fwd {ms_f:7.3f} ms{span(tf)} "
+                  f"({flops / ms_f / 1e9:6.1f})  bwd {ms_b:7.3f} ms{span(tb)} "
                   f"({2.5 * flops / ms_b / 1e9:6.1f})  max|diff| vs the first CUDA variant {diffs[name]:.3g}", flush=True)
         os.environ.pop("SAGE_COMPILE_INT8_TRAIN_CORE", None)
         if a.out:
