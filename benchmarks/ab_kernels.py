@@ -10,6 +10,8 @@ package's helpers relatively, so they run unchanged), timed in name order, then 
 (``psi="split"``) and the ``int8_fp8`` Triton core (``SAGE_COMPILE_INT8_FP8_CORE=triton``), median ms by
 ``triton.testing.do_bench`` interleaved (every variant once per round), TOPS (4·B·H·N²·D per forward, 2.5× that
 for a backward: 5 matmul-sized products), and whether the outputs are bit-identical to the first variant's.
+Part ``train_prologue``: ``int8_train``'s ``quantize`` against copies of ``quantize.py`` placed as
+``_abq_<name>.py`` (GB/s of its traffic: Q, K, V read, K twice for its mean, and their INT8 written).
 """
 from __future__ import annotations
 
@@ -25,17 +27,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import _commit, write_records  # noqa: E402
 
 
-def _mods(pkg):
-    """{variant: module}: every ``_ab_<name>.py`` beside the package's ``attention.py`` (as ``<name>``), then
-    the current kernels as ``new``."""
+def _mods(pkg, base="attention", prefix="_ab_"):
+    """{variant: module}: every ``<prefix><name>.py`` beside the package's ``<base>.py`` (as ``<name>``), then
+    the current ``<base>`` as ``new``."""
     import glob
 
     here = os.path.dirname(importlib.import_module(f"sage_compile.kernels.{pkg}").__file__)
     mods = {}
-    for f in sorted(glob.glob(os.path.join(here, "_ab_*.py"))):
+    for f in sorted(glob.glob(os.path.join(here, prefix + "*.py"))):
         name = os.path.basename(f)[:-3]
-        mods[name[4:]] = importlib.import_module(f"sage_compile.kernels.{pkg}.{name}")
-    mods["new"] = importlib.import_module(f"sage_compile.kernels.{pkg}.attention")
+        mods[name[len(prefix):]] = importlib.import_module(f"sage_compile.kernels.{pkg}.{name}")
+    mods["new"] = importlib.import_module(f"sage_compile.kernels.{pkg}.{base}")
     return mods
 
 
@@ -78,7 +80,7 @@ def main():
     from sage_compile.kernels.int8_fp8.quantize import quantize as q_fp8
     from sage_compile.kernels.int8_train.quantize import quantize as q_train
 
-    tmods, fmods = _mods("int8_train"), _mods("int8_fp8")
+    tmods, fmods, pmods = _mods("int8_train"), _mods("int8_fp8"), _mods("int8_train", "quantize", "_abq_")
     recs = []
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu (TRITON_INTERPRET=1)",
@@ -93,7 +95,11 @@ def main():
             h = 32 if part == "int8_fp8" else 16
             q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(3))
             flops = 4 * b * h * n * n * d * (0.5 if cz else 1.0)
-            if part == "int8_fp8":
+            if part == "train_prologue":
+                flops = 0.0
+                gbytes = 3 * q.numel() * 3 + k.numel() * 2  # bf16 read + int8 written each, K read twice
+                run = {m: (lambda mod=mod: mod.quantize(q, k, v, "HND")) for m, mod in pmods.items()}
+            elif part == "int8_fp8":
                 x = q_fp8(q, k, v, "HND")
                 cfg = None if dev == "cuda" else {"BLOCK_M": 64}  # the interpreter cannot autotune
                 run = {m: (lambda mod=mod: mod.attention(*x, None, causal, None, "HND", torch.bfloat16, config=cfg))
@@ -114,14 +120,16 @@ def main():
             first = next(iter(res))
             same = {m: _same(res[first], r) for m, r in res.items() if m != first}
             ms = _time(run, a.reps)
+            rate = (lambda t: f"{gbytes / t / 1e6:6.0f} GB/s") if not flops else (
+                lambda t: f"{flops / t / 1e9:6.1f} TOPS")
             line = f"{part:9s} hd{d} N={n:6d} B={b} causal={cz}: " + "  ".join(
-                f"{m} {t:7.3f} ms {flops / t / 1e9:6.1f} TOPS" for m, t in ms.items())
+                f"{m} {t:7.3f} ms {rate(t)}" for m, t in ms.items())
             for m in same:
                 line += f"  {m}: {ms[first] / ms[m]:.3f}x {first}'s speed, bit-identical {same[m]}"
             print(line, flush=True)
             for m, t in ms.items():
                 recs.append(dict(meta, kernel=part, variant=m, metric="ms", value=t, head_dim=d, n=n, batch=b,
-                                 heads=h, causal=bool(cz), tops=flops / t / 1e9,
+                                 heads=h, causal=bool(cz), **({"tops": flops / t / 1e9} if flops else {}),
                                  note=f"bit-identical to {first}: {same.get(m, True)}"))
     if a.out:
         write_records(a.out, recs)

@@ -37,6 +37,14 @@ def test_prologue_bit_identical_and_nhd_in_place():
     k[0, 1, 3, :2] = 1e4  # an outlier token
     nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
     got, want = KQ.quantize(q, k, v), list(R.quantize(q, k, v))
+    _assert_prologue_equal(got, want, k)
+    for a, b in zip(KQ.quantize(*nhd, layout="NHD"), got):
+        assert torch.equal(a, b)
+    assert (got[5][0, 1, 0] == 0) and (got[4][0, 1, :64] == 0).all()
+
+
+def _assert_prologue_equal(got, want, k):
+    """The kernels' prologue equals the reference's bit for bit, K given the kernels' mean."""
     # the token mean may differ by summation order (conventions.md rule 1): K is compared given the kernel's
     mean = got[6]
     assert torch.allclose(mean, want[6], rtol=1e-6, atol=1e-6)
@@ -44,10 +52,22 @@ def test_prologue_bit_identical_and_nhd_in_place():
     want[6] = mean
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
+        if a.dtype == torch.float32:  # (NaN scales compared by their bits)
+            a, b = a.view(torch.int32), b.view(torch.int32)
         assert torch.equal(bits(a), bits(b))
-    for a, b in zip(KQ.quantize(*nhd, layout="NHD"), got):
-        assert torch.equal(a, b)
-    assert (got[5][0, 1, 0] == 0) and (got[4][0, 1, :64] == 0).all()
+
+
+def test_prologue_blocks_with_nan_inf_and_tiny_scales():
+    """Blocks whose scale is NaN, inf or below the reciprocal path's range take the IEEE division: the same
+    bits as the reference (NaN and inf in the scale, the block's finite values 0 under an inf scale)."""
+    q, k, v = _inputs(lq=260, lk=200, d=64, seed=3)
+    q[0, 0, 5, 7] = float("nan")  # Q block 0 of head 0: NaN scale
+    v[0, 1, 70, 3] = float("inf")  # V block 1 of kv head 1: inf scale
+    q[0, 2, 128:256] *= 1e-20  # a Q block with a scale under 2^-60
+    v[0, 0, 128:192] = 3e38  # a V block with a scale above 2^60
+    got, want = KQ.quantize(q.float(), k.float(), v.float()), list(R.quantize(q.float(), k.float(), v.float()))
+    assert got[1][0, 0, 0].isnan() and got[5][0, 1, 1].isinf() and 0 < got[1][0, 2, 1] < 2.0 ** -60 < 2.0 ** 60 < got[5][0, 0, 2]
+    _assert_prologue_equal(got, want, k.float())
 
 
 CASES = {

@@ -2,8 +2,9 @@
 V (64 tokens), one scale per block over all channels.
 
 Bit-identical to :func:`sage_compile.reference.int8_train.quantize` given the same K mean (conventions.md
-rule 1): IEEE divisions (``div_rn``), round-to-nearest-even, NaN carried in the block's scale. One
-program per block, so the block's amax and its quantization are one pass over the tile.
+rule 1): the IEEE quotients (through the block scale's reciprocal, :func:`sage_compile.kernels._common.div_by`,
+as the ``int8_fp8`` quantizers), round-to-nearest-even, NaN carried in the block's scale. One program per
+block, so the block's amax and its quantization are one pass over the tile.
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import triton
 import triton.language as tl
 
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8
-from ..int8_fp8.quantize import _token_tile, int8_values, k_mean
+from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, recip
+from ..int8_fp8.quantize import _max_nan, _token_tile, int8_values, k_mean
 
 BLOCK_Q, BLOCK_KV = 128, 64
 
@@ -21,15 +22,20 @@ BLOCK_Q, BLOCK_KV = 128, 64
 @triton.jit
 def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
                       HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """INT8 of one (BLOCK_N tokens x D) block of x (minus the per-(b, h) channel mean): scale = amax / 127."""
+    """INT8 of one (BLOCK_N tokens x D) block of x (minus the per-(b, h) channel mean): scale = amax / 127.
+    The quotients through the scale's reciprocal (:func:`div_by`, exact for scales in its range; IEEE divisions
+    for any other scale, NaN and inf included: the same bits either way)."""
     x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
-    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    nan = tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0
-    scale = tl.where(nan, float("nan"), tl.math.div_rn(amax, 127.0))
-    y = int8_values(x, tl.full(x.shape, 1.0, tl.float32) * scale, EMULATE)
+    amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_nan), 0, _max_nan)  # NaN iff the block holds one
+    scale = tl.math.div_rn(amax, 127.0)
+    if fast_div_ok(scale) > 0:  # (NaN and inf fail the test)
+        r, ns = recip(scale)
+        y = int8_bits(div_by(x, r, ns))
+    else:
+        y = int8_values(x, tl.full(x.shape, 1.0, tl.float32) * scale, EMULATE)
     tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
     tl.store(S + bh * NBLK + tl.program_id(0), scale)
 
