@@ -29,7 +29,7 @@ def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
-    amax = tl.reduce(tl.reduce(tl.abs(x), 1, _max_nan), 0, _max_nan)  # NaN iff the block holds one
+    amax = tl.reduce(tl.abs(x), None, _max_nan)  # NaN iff the block holds one
     scale = tl.math.div_rn(amax, 127.0)
     if fast_div_ok(scale) > 0:  # (NaN and inf fail the test)
         r, ns = recip(scale)
