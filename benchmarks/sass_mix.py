@@ -71,7 +71,7 @@ def kernels(hd: int):
     from sage_compile.kernels.int8_fp8 import attention as F
     from sage_compile.kernels.int8_train import attention as A
     i8, f32, b16, f8 = "*i8", "*fp32", "*bf16", "*fp8e4nv"
-    base = dict(D=hd, CAUSAL=0, MASK_KIND=0, BLOCK_D=hd, EVEN_N=True, EMULATE=False, GROUP=1)
+    base = dict(D=hd, CAUSAL=0, MASK_KIND=0, GATED=False, BLOCK_D=hd, EVEN_N=True, EMULATE=False, GROUP=1)
     return {
         "fwd": (A._fwd_kernel, dict(Q8=i8, QS=f32, K8=i8, KS=f32, V8T=i8, VS=f32, MASK=f32, OUT=b16, LSE=f32),
                 dict(base, BLOCK_M=128, BLOCK_N=64), 8, 2),

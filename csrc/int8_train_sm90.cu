@@ -259,7 +259,13 @@ struct Params {
   float sm;  // softmax scale
   int coff;  // causal: key n visible from query m iff n <= m + coff
   long long sob, soh, son;  // dK / dV strides (elements)
+  const int* gate;  // want >= 0: the kernel computes only where gate[0] == want (see gated_off)
+  int want;
 };
+
+// A gated launch that does not compute: one of a call's launches per answer of a device-side check (a bool mask that
+// may be causal or all true, decided without a host sync: attention.py's _mask_plan); every CTA leaves at its start
+__device__ __forceinline__ bool gated_off(const int* gate, int want) { return want >= 0 && __ldg(gate) != want; }
 
 // Shared memory of a kernel: its fixed tiles (FIXED bytes from 0), the ring's STAGES stages of STAGE bytes from
 // kStage0, EXTRA bytes of per-stage vectors from kExtra, the ring's barriers from kBar; kBytes with alignment slack
@@ -632,6 +638,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const __grid_constant__ CUtensorMap tm_lse, const __grid_constant__ CUtensorMap tm_dl,
                 const Params p) {
 #if SAGE_SM90A
+  if (gated_off(p.gate, p.want)) return;
   using L = Layout<D, STAGES>;
   uint8_t* smem = smem_base();
   uint8_t* sk = smem + L::kK;
@@ -829,6 +836,8 @@ struct DqParams {
   float sm;  // softmax scale
   int coff;  // causal: key n visible from query m iff n <= m + coff
   long long sob, soh, son;  // dQ strides (elements)
+  const int* gate;  // as Params'
+  int want;
 };
 
 constexpr int kDqScaleBytes(int stages) { return (stages * 4 + 15) / 16 * 16; }
@@ -856,6 +865,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
               const __grid_constant__ CUtensorMap tm_kt, const DqParams p) {
 #if SAGE_SM90A
+  if (gated_off(p.gate, p.want)) return;
   using L = DqLayout<D, STAGES>;
   uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
@@ -1104,6 +1114,8 @@ struct FwdParams {
   float c;   // softmax scale * log2(e)
   int coff;  // causal: key n visible from query m iff n <= m + coff
   long long sob, soh, son;  // O strides (elements)
+  const int* gate;  // as Params'
+  int want;
 };
 
 template <int D, int STAGES>
@@ -1127,6 +1139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_vt, const FwdParams p) {
 #if SAGE_SM90A
+  if (gated_off(p.gate, p.want)) return;
   using L = FwdLayout<D, STAGES>;
   uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
@@ -1296,13 +1309,14 @@ int dispatch(int d, bool causal, bool fp16, F&& f) {
 
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures. Tensors as described at the
 // top (contiguous HND); lengths in elements; dK / dV strides (sob, soh, son) in elements, channel stride 1; c =
-// softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff.
+// softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff. gate, want
+// (every launcher's): want >= 0, the CTAs leave at once unless gate[0] (device memory) == want (gated_off).
 extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
                                          const float* ks, const void* v16, const float* lse2, const float* delta,
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
                                          int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
-                                         void* stream) {
+                                         const int* gate, int want, void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lq % 16 != 0 ||
@@ -1339,7 +1353,7 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
   if (!rc) rc = make_map(&maps[7], delta, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
+  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want};
   const int gx = (lk + kBN - 1) / kBN, gy = b * hkv;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
@@ -1357,7 +1371,8 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
                                        const float* ks, const void* v16, const float* kmean, const float* lse2,
                                        const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
                                        int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
-                                       float c, float sm, int causal, int coff, void* stream) {
+                                       float c, float sm, int causal, int coff, const int* gate, int want,
+                                       void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
@@ -1386,7 +1401,7 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   if (!rc) rc = make_map(&maps[4], k8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son};
+  DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
@@ -1404,7 +1419,8 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
 extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
                                         const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
                                         int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
-                                        long long son, float c, int causal, int coff, void* stream) {
+                                        long long son, float c, int causal, int coff, const int* gate, int want,
+                                        void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
@@ -1424,7 +1440,7 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
   if (!rc) rc = make_map(&maps[2], v8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son};
+  FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son, gate, want};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
   return dispatch(d, causal, out_fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;

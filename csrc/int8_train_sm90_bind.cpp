@@ -10,20 +10,31 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
                                          int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
-                                         void* stream);
+                                         const int* gate, int want, void* stream);
 
 extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const void* k8, const void* k8t,
                                        const float* ks, const void* v16, const float* kmean, const float* lse2,
                                        const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
                                        int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
-                                       float c, float sm, int causal, int coff, void* stream);
+                                       float c, float sm, int causal, int coff, const int* gate, int want,
+                                       void* stream);
 
 extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
                                         const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
                                         int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
-                                        long long son, float c, int causal, int coff, void* stream);
+                                        long long son, float c, int causal, int coff, const int* gate, int want,
+                                        void* stream);
 
 namespace {
+
+// The launch's gate: want >= 0, the kernel computes only where the device-side gate[0] == want (int32 on the device,
+// one element at least; a mask's structure decided there, no host sync); want < 0: no gate (gate not read)
+const int* gate_ptr(const at::Tensor& gate, int64_t want) {
+  if (want < 0) return nullptr;
+  TORCH_CHECK(gate.is_cuda() && gate.scalar_type() == at::kInt && gate.numel() >= 1,
+              "sage_compile sm90 int8_train: gate must be a CUDA int32 tensor");
+  return gate.data_ptr<int>();
+}
 
 void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* name) {
   TORCH_CHECK(t.is_cuda(), "sage_compile sm90 int8_train: ", name, " must be a CUDA tensor");
@@ -65,11 +76,12 @@ at::ScalarType check16(const at::Tensor& v16, const at::Tensor& do16) {
 // ceil(Lk/64)); v16 (B, Hkv, Lk, D) bf16/fp16; lse2, delta (B, Hq, Lq) fp32; do16 (B, Hq, Lq, D) as v16; do8t
 // (B, Hq, D, Lq) int8; sdo as qs; dk, dv (B, Hkv, Lk, D) values at strides (sob, soh, son, 1) in v16's dtype.
 // Lq a multiple of 16. c = softmax scale * log2(e), sm = softmax scale; causal: key n seen by query m iff
-// n <= m + coff.
+// n <= m + coff. gate, want: see gate_ptr (every function takes them last).
 void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
           const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
           const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
-          double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+          double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son,
+          const at::Tensor& gate, int64_t want) {
   check(q8, at::kChar, 4, "q8");
   check(q8t, at::kChar, 4, "q8t");
   check(k8, at::kChar, 4, "k8");
@@ -100,8 +112,8 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
       lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), do8t.data_ptr(), sdo.data_ptr<float>(),
       dk.data_ptr(), dv.data_ptr(), t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
       static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), sob, soh, son,
-      static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff),
-      at::cuda::getCurrentCUDAStream().stream());
+      static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want),
+      static_cast<int>(want), at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
@@ -111,7 +123,7 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
 void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& k8t,
         const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& kmean, const at::Tensor& lse2,
         const at::Tensor& delta, const at::Tensor& do16, at::Tensor& dq, double c, double sm, bool causal,
-        int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+        int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want) {
   check(q8, at::kChar, 4, "q8");
   check(k8, at::kChar, 4, "k8");
   check(k8t, at::kChar, 4, "k8t");
@@ -138,7 +150,8 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
       kmean.data_ptr<float>(), lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), dq.data_ptr(),
       t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq),
       static_cast<int>(lk), static_cast<int>(d), sob, soh, son, static_cast<float>(c), static_cast<float>(sm),
-      causal ? 1 : 0, static_cast<int>(coff), at::cuda::getCurrentCUDAStream().stream());
+      causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want), static_cast<int>(want),
+      at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train dQ kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
@@ -148,7 +161,7 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
 // fp32 contiguous. Lk a multiple of 16.
 void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& ks,
          const at::Tensor& v8t, const at::Tensor& vs, at::Tensor& out, at::Tensor& lse, double c, bool causal,
-         int64_t coff, int64_t sob, int64_t soh, int64_t son) {
+         int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want) {
   check(q8, at::kChar, 4, "q8");
   check(k8, at::kChar, 4, "k8");
   check(v8t, at::kChar, 4, "v8t");
@@ -171,8 +184,8 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v8t.data_ptr(), vs.data_ptr<float>(),
       out.data_ptr(), lse.data_ptr<float>(), out.scalar_type() == at::kHalf, static_cast<int>(b),
       static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d),
-      sob, soh, son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff),
-      at::cuda::getCurrentCUDAStream().stream());
+      sob, soh, son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want),
+      static_cast<int>(want), at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train forward kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }

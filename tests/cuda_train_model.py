@@ -19,11 +19,19 @@ from sage_compile.reference.int8_train import _tile_quant
 LN2 = math.log(2.0)
 # the binding's parameter kinds, in order (tests/test_csrc_train_glue.py checks them against the .cpp)
 KINDS = {
-    "fwd": ("T", "T", "T", "T", "T", "T", "T", "T", "f", "b", "i", "i", "i", "i"),
-    "dkdv": ("T",) * 13 + ("f", "f", "b", "i", "i", "i", "i"),
-    "dq": ("T",) * 11 + ("f", "f", "b", "i", "i", "i", "i"),
+    "fwd": ("T", "T", "T", "T", "T", "T", "T", "T", "f", "b", "i", "i", "i", "i", "T", "i"),
+    "dkdv": ("T",) * 13 + ("f", "f", "b", "i", "i", "i", "i", "T", "i"),
+    "dq": ("T",) * 11 + ("f", "f", "b", "i", "i", "i", "i", "T", "i"),
 }
-CALLS: list = []  # (function name, the call's shapes) of every call, for the tests
+CALLS: list = []  # (function name, the call's shapes, causal, coff, want) of every call, for the tests
+
+
+def _gated_off(gate, want):
+    """The launchers' gate (gated_off): want >= 0, the kernel computes only where gate[0] == want (int32)."""
+    if want < 0:
+        return False
+    assert gate.dtype == torch.int32 and gate.numel() >= 1, (gate.dtype, gate.shape)
+    return int(gate[0]) != want
 
 
 def _kinds(name, args):
@@ -76,7 +84,7 @@ def _write(out, vals, sob, soh, son):
 
 def fwd(*args):
     _kinds("fwd", args)
-    q8, qs, k8, ks, v8t, vs, out, lse, c, causal, coff, sob, soh, son = args
+    q8, qs, k8, ks, v8t, vs, out, lse, c, causal, coff, sob, soh, son, gate, want = args
     for t, n in ((q8, "q8"), (k8, "k8"), (v8t, "v8t")):
         _check(t, torch.int8, 4, n)
     _check(lse, torch.float32, 3, "lse")
@@ -85,7 +93,9 @@ def fwd(*args):
     hkv, lk = k8.shape[1], k8.shape[2]
     assert d in (64, 128) and lk % 16 == 0 and hq % hkv == 0 and v8t.shape == (b, hkv, d, lk)
     _scales(qs, b, hq, lq, 128, "qs"), _scales(ks, b, hkv, lk, 64, "ks"), _scales(vs, b, hkv, lk, 64, "vs")
-    CALLS.append(("fwd", tuple(q8.shape), tuple(k8.shape), causal, coff))
+    CALLS.append(("fwd", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
+    if _gated_off(gate, want):
+        return
     z = _logits2(q8, qs, k8, ks, c)
     vis = _visible(lq, lk, causal, coff, q8.device)
     if vis is not None:
@@ -135,13 +145,16 @@ def _sum_group(x, hkv):
 
 def dkdv(*args):
     _kinds("dkdv", args)
-    q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args
+    q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args[:-2]
+    gate, want = args[-2:]
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16,
                                            int8=dict(q8t=q8t, do8t=do8t), fp32=dict(sdo=sdo))
     assert lq % 16 == 0 and q8t.shape == do8t.shape == (b, hq, d, lq)
     _scales(sdo, b, hq, lq, 128, "sdo")
     assert dk.dtype == dv.dtype == v16.dtype and dk.stride() == dv.stride()
-    CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff))
+    CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
+    if _gated_off(gate, want):
+        return
     p, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
     dof = _deq(do8t.transpose(-1, -2).contiguous(), sdo, 128)  # ψ(dO), what the dV product reads
     dvx = _tile_quant(p, 64, 1).transpose(-1, -2) @ dof  # ψ(P^T) per key over 64 queries
@@ -153,12 +166,14 @@ def dkdv(*args):
 
 def dq(*args):
     _kinds("dq", args)
-    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son = args
+    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son, gate, want = args
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16, int8=dict(k8t=k8t),
                                            fp32=dict(kmean=kmean))
     assert lk % 16 == 0 and k8t.shape == (b, hkv, d, lk) and kmean.shape == (b, hkv, d)
     assert dq_.dtype == v16.dtype
-    CALLS.append(("dq", tuple(q8.shape), tuple(k8.shape), causal, coff))
+    CALLS.append(("dq", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
+    if _gated_off(gate, want):
+        return
     _, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
     dsq = _tile_quant(ds, 1, 64)  # ψ per query row over each 64-key step
     kf = _deq(k8t.transpose(-1, -2).contiguous(), ks, 64)  # k̂ as the dQ product reads it: from k̂^T

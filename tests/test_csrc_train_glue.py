@@ -120,3 +120,22 @@ def test_backward_the_kernels_do_not_take_stays_on_triton(model):
     ref = R.backward(*want_q, ro, rlse, do, "none", None, "HND", torch.bfloat16, psi="split")
     for a, r in zip(got, ref):
         assert cos_rel(a.float(), r.float())[0] > 0.999
+
+
+def test_causal_bool_mask_runs_gated_cuda_launches(model):
+    """A bool causal mask (transformers' under compile): the kernels are launched once per answer of the
+    device-side check, gated (want 2: no mask, 1: causal bottom-right), the mask-reading Triton launch beside them;
+    only the causal one computes, so outputs and gradients are those of the causal rule's launches."""
+    q, k, v, do = _inputs(64, 2, 4, 2, 96, 128, "HND", torch.bfloat16, seed=7)
+    qt = KQ.quantize(q, k, v)
+    mask = torch.ones(96, 128, dtype=torch.bool).tril(32)[None, None].expand(2, 1, 96, 128)
+    o1, l1 = KA.forward(*qt[:6], "bottom_right", None, "HND", torch.bfloat16)
+    g1 = KA.backward(*qt, o1, l1, do, "bottom_right", None, "HND", torch.bfloat16, psi="split")
+    M.CALLS.clear()
+    o2, l2 = KA.forward(*qt[:6], "none", None, "HND", torch.bfloat16, attn_mask=mask)
+    g2 = KA.backward(*qt, o1, l1, do, "none", None, "HND", torch.bfloat16, attn_mask=mask, psi="split")
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    calls = [(c[0], c[3], c[5]) for c in M.CALLS]  # (function, causal, want)
+    assert calls == [("fwd", False, 2), ("fwd", True, 1), ("dkdv", False, 2), ("dq", False, 2), ("dkdv", True, 1),
+                     ("dq", True, 1)], calls

@@ -191,3 +191,45 @@ def test_compiled_llm_trains_on_the_cuda_kernels(core, monkeypatch):
     assert calls == {"forward": 2, "dkdv": 2, "dq": 2}, calls
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99
+
+
+@pytest.mark.parametrize("core", ["cuda", "triton"])
+def test_bool_causal_mask_step_captures_in_a_cuda_graph(core, monkeypatch):
+    """transformers' bool causal mask (B, 1, N, N, what it builds under compile) on the training op: its structure is
+    decided on the device, so a CUDA graph captures the op's forward and backward (a host sync fails a capture),
+    and the graph's replay gives the eager step's O and gradients bit for bit; those are the causal rule's (bit for
+    bit on the CUDA kernels; on Triton's the gated launches have a fixed configuration, the rule's an autotuned one)."""
+    from sage_compile.kernels.int8_train import cuda
+
+    monkeypatch.setenv("SAGE_COMPILE_INT8_TRAIN_CORE", core)
+    g = torch.Generator().manual_seed(3)
+    b, hq, hkv, n, d = 2, 8, 2, 1024, 64
+    q = torch.randn(b, hq, n, d, generator=g).cuda().to(torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(b, hkv, n, d, generator=g).cuda().to(torch.bfloat16).requires_grad_() for _ in range(2))
+    do = torch.randn(b, hq, n, d, generator=g).cuda().to(torch.bfloat16)
+    mask = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()[None, None].expand(b, 1, n, n)
+    op = torch.ops.sage_compile.attention_train
+
+    def step(m, causal):
+        o = op(q, k, v, m, causal, None, "HND", "split")[0]
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+    rule = step(None, "top_left")
+    eager = step(mask, "none")
+    if core == "cuda":
+        assert cuda.status()["built"], cuda.status()
+        assert all(torch.equal(a, r) for a, r in zip(eager, rule))
+    else:
+        assert all(cos_rel(a.float(), r.float())[0] > 0.99999 for a, r in zip(eager, rule))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(mask, "none")
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(mask, "none")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, r) for a, r in zip(captured, eager))

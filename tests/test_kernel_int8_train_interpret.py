@@ -172,19 +172,60 @@ def test_split_dkdv_two_passes_equal_one(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True])), d
 
 
-def test_causal_bool_mask_runs_as_the_causal_rule():
-    """A bool mask that is exactly causal (what transformers builds under compile) is recognised and run
-    by the causal kernels: the same outputs and gradients bit for bit."""
-    q, k, v = _inputs(lq=150, lk=150)
+def _no_host_sync(monkeypatch):
+    """Reading a tensor's value on the host raises from here on (as it cannot under CUDA-graph capture)."""
+    def refuse(*a, **k):
+        raise AssertionError("host sync")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+MASKS = {  # name: (the mask (B, 1, Lq | 1, Lk) bool, the rule it is, or None: it is read)
+    "causal": lambda lq, lk: torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)[None, None].expand(2, 1, lq, lk),
+    "all_true": lambda lq, lk: torch.ones(2, 1, lq, lk, dtype=torch.bool),
+    "key_mask": lambda lq, lk: torch.ones(2, 1, 1, lk, dtype=torch.bool),
+    "padded_causal": lambda lq, lk: _padded(torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq), 20),
+}
+
+
+def _padded(m, n):
+    """(B=2, 1, Lq, Lk): ``m`` for both batches, the last ``n`` keys masked in the second (key padding)."""
+    m = m[None, None].repeat(2, 1, 1, 1)
+    m[1, :, :, -n:] = False
+    return m
+RULE = {"causal": "bottom_right", "all_true": "none", "key_mask": "none", "padded_causal": None}
+
+
+@pytest.mark.parametrize("name", MASKS)
+def test_bool_mask_structure_decided_on_the_device(name, monkeypatch):
+    """A head-shared bool mask is checked on the device, not on the host (no host sync: CUDA graphs can capture
+    a training step, and the stream never waits): exactly causal (what transformers builds under compile) or all
+    true runs the kernels of that rule, the same outputs and gradients bit for bit; any other mask is read, the
+    same bits as the mask given per head (which no check looks at)."""
+    lq, lk = 96, 130
+    g = torch.Generator().manual_seed(len(name))
+    q = torch.randn(2, 4, lq, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, lk, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    do = torch.randn(2, 4, lq, 64, generator=g).to(torch.bfloat16)
     qt = KQ.quantize(q, k, v)
-    mask = torch.ones(150, 150, dtype=torch.bool).tril()[None, None].expand(1, 1, 150, 150)
-    o1, l1 = KA.forward(*qt[:6], "top_left", None, "HND", q.dtype)
+    mask = MASKS[name](lq, lk)
+    rule = RULE[name]
+    if rule is None:
+        want_args = ("none", mask.expand(2, 4, -1, -1).contiguous())  # head stride != 0: read, never checked
+    else:
+        want_args = (rule, None)
+    o1, l1 = KA.forward(*qt[:6], want_args[0], None, "HND", q.dtype, attn_mask=want_args[1])
+    g1 = {psi: KA.backward(*qt, o1, l1, do, want_args[0], None, "HND", q.dtype, attn_mask=want_args[1], psi=psi)
+          for psi in ("split", "tile")}
+    _no_host_sync(monkeypatch)
     o2, l2 = KA.forward(*qt[:6], "none", None, "HND", q.dtype, attn_mask=mask)
+    g2 = {psi: KA.backward(*qt, o1, l1, do, "none", None, "HND", q.dtype, attn_mask=mask, psi=psi)
+          for psi in ("split", "tile")}
+    monkeypatch.undo()
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
-    do = torch.randn(o1.shape, generator=torch.Generator().manual_seed(2)).to(q.dtype)
-    g1 = KA.backward(*qt, o1, l1, do, "top_left", None, "HND", q.dtype)
-    g2 = KA.backward(*qt, o1, l1, do, "none", None, "HND", q.dtype, attn_mask=mask)
-    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    for psi in g1:
+        assert all(torch.equal(a, b) for a, b in zip(g1[psi], g2[psi])), psi
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 130, 64), (1, 2, 77, 80), (1, 1, 256, 128)])

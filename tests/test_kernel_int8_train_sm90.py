@@ -41,7 +41,8 @@ _COMPILE = textwrap.dedent('''
         return int(re.search(r"STACK:(\\d+)", out).group(1))
 
     i8, f32, b16 = "*i8", "*fp32", "*bf16"
-    base = dict(D=128, CAUSAL=0, MASK_KIND=0, BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, EVEN_N=True, EMULATE=False)
+    base = dict(D=128, CAUSAL=0, MASK_KIND=0, GATED=False, BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, EVEN_N=True,
+                EMULATE=False)
     fwd = stack(A._fwd_kernel, dict(Q8=i8, QS=f32, K8=i8, KS=f32, V8T=i8, VS=f32, MASK=f32, OUT=b16, LSE=f32), base)
     dq = stack(A._bwd_dq, dict(Q8=i8, QS=f32, K8=i8, K8T=i8, KS=f32, V16=b16, KMEAN=f32, MASK=f32, LSE=f32,
                                DELTA=f32, DO16=b16, DQ=b16), dict(base, PSI_ROWS=True))

@@ -15,8 +15,8 @@ tiles); with ``psi="split"`` one scale per key over each 64-query block (``SPLIT
 dV / dK (``_bwd_dkdv_split``: 128 keys x 64-query tiles), and per query row (over the 64-key tile) for dS
 in dQ. Every tile is laid out so that the program's 8 warps split its rows: none computes a replica.
 Masks: causal (top_left / bottom_right) from indices, bool / additive masks read in-kernel; a head-shared
-bool mask that is exactly causal (or all true) is recognised first and run as the causal (or unmasked)
-kernel.
+bool mask that is exactly causal (or all true) is recognised on the device and run as the causal (or
+unmasked) kernel, without a host sync (:func:`_mask_plan`).
 """
 from __future__ import annotations
 
@@ -133,10 +133,13 @@ def _query_tile(Q8, HQ, GROUP, LQ, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
+def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh, smq, smk, sob, soh, son,
                 HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
-                CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+                CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+    if GATED:  # (see _gate)
+        if tl.load(GATE) != WANT:
+            return
     q, bh, b, h, bhk, offs_m, rd, min_, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
@@ -237,14 +240,17 @@ def _query_step(Q8, QS, LSE, DELTA, bh, m0, LQ, NQB, rd, D: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
+def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
               smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
-              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+              CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
     """dK, dV of one BLOCK_N (64) -key block with ``psi="tile"`` (one scale per 128-query x 64-key tile of
     P and dS). Tiles are (queries x keys), BLOCK_M = 128 queries as rows, so the warps of the program split
     the rows and none computes a replica (a 64-row tile over 8 warps would be computed twice); Pᵀ and dSᵀ
     go to the INT8 dots through shared memory."""
+    if GATED:
+        if tl.load(GATE) != WANT:
+            return
     k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
                                                               BLOCK_N, BLOCK_D, EMULATE)
     ksc = tl.load(KS + bhk * NKB + tl.program_id(0))
@@ -279,16 +285,20 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, D
 
 
 @triton.jit
-def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
+def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16, DO8T, SDO, DK, DV, c, sm,
                     smb, smh, smq, smk, skb, skh, skn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
-                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr, PART: tl.constexpr = 0):
+                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr,
+                    PART: tl.constexpr = 0):
     """dK, dV of one BLOCK_N (128) -key block with ``psi="split"``: tiles are (keys x queries), BLOCK_M
     (64) queries a step, so each warpgroup owns 64 keys, ψ(P) and ψ(dS) (one scale per key over the 64
     queries, ``SPLIT_M``) reduce inside a warp, and Pᵀ, dSᵀ are the INT8 dots' A operands as they are.
     dK and dV are accumulated as two channel halves each, so an INT8 dot's int32 product is half a tile
     (the registers of a whole one would spill). ``PART`` 0 computes both, 1 only dV, 2 only dK (two
     launches that each recompute S and P: :data:`DKDV_TWO_PASS`)."""
+    if GATED:
+        if tl.load(GATE) != WANT:
+            return
     HALF: tl.constexpr = BLOCK_D // 2
     k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
                                                               BLOCK_N, BLOCK_D, EMULATE)
@@ -341,10 +351,14 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, LSE, DELTA, DO16, DO8T, SDO,
 
 
 @triton.jit
-def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, LSE, DELTA, DO16, DQ, c, sm,
+def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, GATE, WANT, LSE, DELTA, DO16, DQ, c, sm,
             smb, smh, smq, smk, sqb, sqh, sqn, HQ, GROUP, LQ, LK, D: tl.constexpr, NQB, NKB,
-            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EVEN_N: tl.constexpr, EMULATE: tl.constexpr):
+            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, GATED: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PSI_ROWS: tl.constexpr, EVEN_N: tl.constexpr,
+            EMULATE: tl.constexpr):
+    if GATED:
+        if tl.load(GATE) != WANT:
+            return
     q, bh, b, h, bhk, offs_m, rd, qin, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + pid_m) * c
@@ -414,19 +428,39 @@ DKDV_TWO_PASS = frozenset({128})
 _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])(_bwd_dq)
 
 
-def _mask_args(attn_mask, causal, b, hq, lq, lk, dummy):
-    """(mask view (B, Hq, Lq, Lk) or dummy, MASK_KIND, strides, causal). A head-shared bool mask that is
-    exactly causal (bottom-right) or all true is dropped for the index rule (one scan, one host sync)."""
+@triton.jit
+def _gate(FLAG, KRANGE, GATE, B, LK, BLOCK_B: tl.constexpr):
+    """GATE[0] = :func:`mask_structure`'s flag where every batch's key range is all LK keys (1: the mask is causal
+    bottom-right, 2: all true), else 0 (read the mask): which of a call's gated launches computes (one program)."""
+    nbad = 0
+    for b0 in range(0, B, BLOCK_B):
+        rb = b0 + tl.arange(0, BLOCK_B)
+        lo = tl.load(KRANGE + 2 * rb, mask=rb < B, other=0)
+        hi = tl.load(KRANGE + 2 * rb + 1, mask=rb < B, other=LK)
+        nbad += tl.sum(((lo != 0) | (hi != LK)).to(tl.int32))
+    tl.store(GATE, tl.where(nbad == 0, tl.load(FLAG), 0))
+
+
+def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
+    """The launches of a call: ``(gate, variants)``, each variant ``(mask view or dummy, MASK_KIND, mask strides,
+    causal, want)``. Without a gate (None) one variant, ``want`` -1. A head-shared bool mask (no causal rule) is
+    checked on the device instead of on the host (:func:`mask_structure`, then :func:`_gate`): one launch per
+    answer, the mask read (want 0), no mask (2) and, where the mask varies along the queries, causal
+    bottom-right (1), each leaving at once unless the gate names it. No host sync: the stream never waits for
+    the host, and CUDA graphs can capture the call."""
     mask, kind, strides = mask_view(attn_mask, b, hq, lq, lk, dummy)
     if kind == 1 and causal == "none" and mask.stride(1) == 0 and lq > 0 and lk > 0:
         from ..int8_fp8.attention import mask_structure
 
         flag, krange = mask_structure(mask, lq, lk)
-        full = bool(((krange[:, 0] == 0) & (krange[:, 1] == lk)).all())
-        f = int(flag.item())
-        if full and f in (1, 2):
-            return dummy, 0, (0, 0, 0, 0), "bottom_right" if f == 1 else "none"
-    return mask, kind, strides, causal
+        gate = torch.empty(1, dtype=torch.int32, device=mask.device)
+        _gate[(1,)](flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, triton.next_power_of_2(b))))
+        none = (dummy, 0, (0, 0, 0, 0))
+        variants = [(mask, kind, strides, "none", 0), (*none, "none", 2)]
+        if strides[2] != 0:  # (a mask constant along the queries has flag 0 or 2)
+            variants.append((*none, "bottom_right", 1))
+        return gate, variants
+    return None, [(mask, kind, strides, causal, -1)]
 
 
 def _dkdv_parts(d):
@@ -468,27 +502,33 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     out = torch.empty(out_shape(b, hq, lq, d, layout), dtype=out_dtype, device=q8.device)
     sob, soh, son = bhn_strides(out, layout)
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q8.device)
-    mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
-    # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
-    v8t = tokens_last(v8)
-    if lq > 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
-        from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
-
-        train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, causal, c, (sob, soh, son))
-        return out, lse
-    args = (q8, qs, k8, ks, v8t, vs, mask, out, lse, c, ms[0], ms[1], ms[2], ms[3], sob, soh, son,
-            hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_N=BLOCK_KV,
-                BLOCK_D=max(16, triton.next_power_of_2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
     if lq == 0:
         return out, lse
-    if config is not None or EMULATE_FP8:
-        cfg = dict(_FWD_DEFAULT, **(config or {}))
-        _fwd_kernel[(triton.cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
-    else:
-        _fwd_tuned[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+    gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
+    # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
+    v8t = tokens_last(v8)
+    for mask, kind, ms, rule, want in variants:
+        if _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
+            from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
+
+            train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want)
+            continue
+        args = (q8, qs, k8, ks, v8t, vs, mask, _or_dummy(gate, qs), want, out, lse, c, *ms, sob, soh, son,
+                hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
+        meta = dict(CAUSAL=CAUSAL_CODES[rule], MASK_KIND=kind, GATED=gate is not None, BLOCK_N=BLOCK_KV,
+                    BLOCK_D=max(16, triton.next_power_of_2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
+        if config is not None or EMULATE_FP8 or gate is not None:  # (no autotuning of a launch that may do nothing)
+            cfg = dict(_FWD_DEFAULT, **(config or {}))
+            _fwd_kernel[(triton.cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
+        else:
+            _fwd_tuned[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out, lse
+
+
+def _or_dummy(gate, dummy):
+    """The GATE argument of a Triton launch: ``gate``, or any tensor where the launch has none (not read)."""
+    return dummy if gate is None else gate
 
 
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
@@ -521,32 +561,56 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8t, sdo, *bhn_strides(o, layout), *bhn_strides(do, layout),
                             hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
-    mask, kind, ms, causal = _mask_args(attn_mask, causal, b, hq, lq, lk, qs)
+    gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     split = psi == "split"
-    meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=bd, EMULATE=EMULATE_FP8)
-    dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=split, EVEN_N=lk % BLOCK_KV == 0)
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
-    # EVEN_N for the largest key block (then true for the smaller one the autotuner may pick)
-    dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, EVEN_N=lk % kblock == 0)
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
     q8t, k8t = tokens_last(q8), tokens_last(k8)
     # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
     v16 = dequant_16(v8, vs, BLOCK_KV, do16.dtype)
-    dkdv_args = (q8, q8t, qs, k8, ks, v16, mask, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
-                 *bhn_strides(dk, layout), *common)
-    dq_args = (q8, qs, k8, k8t, ks, v16, kmean, mask, lse, delta, do16, dq, c, sm, *ms,
-               *bhn_strides(dq, layout), *common)
-    if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
-        from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
+    lse2 = None
+    for mask, kind, ms, rule, want in variants:
+        if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
+            from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
-        lse2 = train_cuda.lse_log2(lse)
-        train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal, sm,
-                        bhn_strides(dk, layout))
-        train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, causal, sm,
-                      bhn_strides(dq, layout))
-        return dq, dk, dv
+            lse2 = train_cuda.lse_log2(lse) if lse2 is None else lse2
+            train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
+                            bhn_strides(dk, layout), gate=gate, want=want)
+            train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, rule, sm,
+                          bhn_strides(dq, layout), gate=gate, want=want)
+            continue
+        g = (mask, _or_dummy(gate, qs), want)
+        dkdv_args = (q8, q8t, qs, k8, ks, v16, *g, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
+                     *bhn_strides(dk, layout), *common)
+        dq_args = (q8, qs, k8, k8t, ks, v16, kmean, *g, lse, delta, do16, dq, c, sm, *ms,
+                   *bhn_strides(dq, layout), *common)
+        meta = dict(CAUSAL=CAUSAL_CODES[rule], MASK_KIND=kind, GATED=gate is not None, BLOCK_D=bd,
+                    EMULATE=EMULATE_FP8)
+        dq_meta = dict(meta, BLOCK_M=BLOCK_Q, BLOCK_N=BLOCK_KV, PSI_ROWS=split, EVEN_N=lk % BLOCK_KV == 0)
+        # EVEN_N for the largest key block (then true for the smaller one the autotuner may pick)
+        dkdv_meta = dict(meta, BLOCK_M=SPLIT_M if split else BLOCK_Q, EVEN_N=lk % kblock == 0)
+        if config is not None or EMULATE_FP8 or gate is not None:  # (no autotuning of a launch that may do nothing)
+            cfg = dict(_BWD_DEFAULT, **(config or {}))
+            bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
+            cfg.pop("BLOCK_N", None)
+            if split:
+                for part in _dkdv_parts(d):
+                    _bwd_dkdv_split[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part,
+                                                                     **cfg)
+            else:
+                _bwd_dkdv[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
+            _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
+        elif split:
+            for part in _dkdv_parts(d):
+                _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta,
+                                                                                     PART=part)
+            _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
+        else:
+            _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
+            _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
+    return dq, dk, dv
     if config is not None or EMULATE_FP8:
         cfg = dict(_BWD_DEFAULT, **(config or {}))
         bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
