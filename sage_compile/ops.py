@@ -221,51 +221,69 @@ def _(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask, causal, scale, layout, out
 
 
 # ------------------------------------------------------------------------------------------ int8_train
+_TrainOut = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
 @torch.library.custom_op("sage_compile::attention_train", mutates_args=())
 def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                    layout: str, psi: str = "split") -> tuple[Tensor, Tensor]:
-    """SageBwd forward (INT8 QKᵀ and PV): returns ``(O in layout, LSE fp32 (B, Hq, Nq))``; its autograd
-    formula is the SageBwd backward (:func:`attention_train_backward`). ``attn_mask``: None, bool or
-    additive, broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it). ``psi``: the backward's
-    INT8 scale granularity (``Options.int8_train_psi``)."""
+                    layout: str, psi: str = "split") -> _TrainOut:
+    """SageBwd forward (INT8 QKᵀ and PV): returns ``(O in layout, LSE fp32 (B, Hq, Nq), q8, qs, k8, ks, v8, vs,
+    k_mean)``, the last seven the quantized operands the forward used (the prologue's contract: INT8 (B, H, N, D),
+    per-block fp32 scales, K's fp32 token mean (B, Hkv, 1, D)); its autograd formula is the SageBwd backward
+    (:func:`attention_train_backward`), which takes those as they are: they are what autograd saves, not q, k, v
+    (one byte a value kept instead of two, and no second quantization). ``attn_mask``: None, bool or additive,
+    broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it). ``psi``: the backward's INT8 scale granularity
+    (``Options.int8_train_psi``)."""
     if psi not in ("tile", "split"):
         raise ValueError(f"sage_compile: int8_train_psi must be 'tile' or 'split', got {psi!r}")
     impl = impl_for("int8_train", q.device.type)
-    o, lse = impl.forward(*impl.quantize(q, k, v, layout)[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask)
-    return o.contiguous(), lse
+    qt = impl.quantize(q, k, v, layout)
+    o, lse = impl.forward(*qt[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask)
+    return (o.contiguous(), lse, *_contig(qt))
 
 
 @attention_train.register_fake
 def _(q, k, v, attn_mask, causal, scale, layout, psi="split"):
-    b, hq, nq, _ = _hnd(q, layout)
-    return q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=torch.float32)
+    b, hq, nq, d = _hnd(q, layout)
+    hkv, nk = _hnd(k, layout)[1:3]
+    f32, i8 = torch.float32, torch.int8
+    nqb, nkb = -(-nq // _ref_int8_train.BLOCK_M), -(-nk // _ref_int8_train.BLOCK_N)
+    return (q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=f32),
+            q.new_empty((b, hq, nq, d), dtype=i8), q.new_empty((b, hq, nqb), dtype=f32),
+            q.new_empty((b, hkv, nk, d), dtype=i8), q.new_empty((b, hkv, nkb), dtype=f32),
+            q.new_empty((b, hkv, nk, d), dtype=i8), q.new_empty((b, hkv, nkb), dtype=f32),
+            q.new_empty((b, hkv, 1, d), dtype=f32))
 
 
 @torch.library.custom_op("sage_compile::attention_train_backward", mutates_args=())
-def attention_train_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-                             attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
-                             layout: str, psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
-    """SageBwd backward: INT8 dV, dQ, dK; dO·Vᵀ in 16-bit; Q̂, K̂, V̂ re-quantized (same bits as forward)."""
-    impl = impl_for("int8_train", q.device.type)
-    dq, dk, dv = impl.backward(*impl.quantize(q, k, v, layout), o, lse, do, causal, scale, layout, q.dtype,
+def attention_train_backward(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8: Tensor, vs: Tensor, k_mean: Tensor,
+                             o: Tensor, lse: Tensor, do: Tensor, attn_mask: Optional[Tensor], causal: str,
+                             scale: Optional[float], layout: str, psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
+    """SageBwd backward from the forward's quantized operands (:func:`attention_train`'s outputs 2-8): INT8 dV, dQ,
+    dK; dO·Vᵀ in 16-bit. Returns ``(dq, dk, dv)`` in ``layout`` and O's dtype (the inputs')."""
+    impl = impl_for("int8_train", q8.device.type)
+    dq, dk, dv = impl.backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal, scale, layout, o.dtype,
                                attn_mask=attn_mask, psi=psi)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
 @attention_train_backward.register_fake
-def _(q, k, v, o, lse, do, attn_mask, causal, scale, layout, psi="split"):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout, psi="split"):
+    b, hkv, nk, d = k8.shape
+    kshape = out_shape(b, hkv, nk, d, layout)
+    return o.new_empty(o.shape), o.new_empty(kshape), o.new_empty(kshape)
 
 
 def _train_setup(ctx, inputs, output):
     q, k, v, attn_mask, causal, scale, layout, psi = inputs
-    ctx.save_for_backward(q, k, v, attn_mask, *output)
+    o, lse, *qt = output
+    ctx.save_for_backward(*qt, o, lse, attn_mask)
     ctx.causal, ctx.scale, ctx.layout, ctx.psi = causal, scale, layout, psi
 
 
-def _train_backward(ctx, grad_o, grad_lse):
-    q, k, v, attn_mask, o, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.sage_compile.attention_train_backward(q, k, v, o, lse, grad_o.contiguous(), attn_mask,
+def _train_backward(ctx, grad_o, grad_lse, *_quantized):
+    *qt, o, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.sage_compile.attention_train_backward(*qt, o, lse, grad_o.contiguous(), attn_mask,
                                                                  ctx.causal, ctx.scale, ctx.layout, ctx.psi)
     return dq, dk, dv, None, None, None, None, None
 

@@ -116,3 +116,30 @@ def test_attention_train_op_and_sagebwd_gradients():
     with pytest.raises(ValueError, match="int8_train_psi"):
         sage_compile.attention(q, k, v, None, "top_left", None, "HND", "int8_train",
                                options=sage_compile.Options(int8_train_psi="rows"))
+
+
+def test_attention_train_backward_reuses_the_forwards_quantization(monkeypatch):
+    """The backward takes the forward's quantized operands (the op's extra outputs, saved by autograd) instead of
+    quantizing q, k, v again: one prologue per forward and backward, the same gradients, and q, k, v are not saved
+    (changing them in place after the forward is no error for autograd and does not reach the gradients)."""
+    from sage_compile import ops
+
+    impl = ops.impl_for("int8_train", "cpu")
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=g, requires_grad=True) for _ in range(3))
+    go = torch.randn(1, 2, 48, 16, generator=g)
+    qt = impl.quantize(q.detach(), k.detach(), v.detach(), "HND")
+    o, lse = impl.forward(*qt[:6], "top_left", None, "HND", q.dtype)
+    want = impl.backward(*qt, o, lse, go, "top_left", None, "HND", q.dtype, psi="split")
+    calls = []
+    real = impl.quantize
+    monkeypatch.setattr(impl, "quantize", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ins = (qq * 1, kk * 1, vv * 1)
+    out = sage_compile.attention(*ins, None, "top_left", None, "HND", "int8_train")
+    assert torch.equal(out, o)
+    for t in ins:
+        t.add_(1.0)
+    out.backward(go)
+    assert len(calls) == 1
+    assert all(torch.equal(a.grad, b) for a, b in zip((qq, kk, vv), want))
