@@ -1,0 +1,140 @@
+"""Where a compiled training step's time goes: ``backend="sage"`` with ``kernel="int8_train"`` against Inductor
+with SDPA, on a Llama of SmolLM2-135M's shape with random weights (no download: the step's time does not depend
+on the weights), the step of ``finetune_smollm2.py`` (bf16 autocast, AdamW, gradient clipping).
+
+Per variant: the median step time (synchronized steps, after warm-up), and from ``torch.profiler`` over a few
+steps, per step: the kernels' summed CUDA time (what the GPU computed; the rest of the step it waited for the
+host), the number of kernel launches, the host syncs (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` calls;
+the profiled steps end with one), and the largest kernels. ``--mask`` passes an ``attention_mask`` of ones
+(transformers then hands every site a bool mask; transformers 5.17 does so even without one).
+
+    python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--mask] [--variants sdpa,sage]
+        [--out results/train_step_<run>_<commit>_<gpu>.json]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import _commit, write_records  # noqa: E402
+
+# SmolLM2-135M's shape (its config.json): what finetune_smollm2.py trains
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+               num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True)
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize")  # the CUDA runtime calls a host sync makes
+
+
+def model(layers: int, device: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**dict(SMOLLM2, num_hidden_layers=layers), attn_implementation="sdpa", use_cache=False,
+                      attention_dropout=0.0)
+    return LlamaForCausalLM(cfg).to(device).train()
+
+
+def stepper(variant: str, m, device: str, mask: bool):
+    """A function running one training step of ``m`` compiled for ``variant`` on a (B, N + 1) id tensor."""
+    import sage_compile
+
+    backend = "inductor" if variant == "sdpa" else sage_compile.make_backend(kernel="int8_train")
+    cm = torch.compile(m, backend=backend)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def step(ids):
+        kw = dict(attention_mask=torch.ones_like(ids[:, :-1])) if mask else {}
+        with torch.autocast(device, torch.bfloat16):
+            logits = cm(input_ids=ids[:, :-1], **kw).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile(step, ids, device: str, steps: int = 3):
+    """Per step: (kernels' CUDA ms, kernel launches, host syncs, Counter of ms by kernel name) from torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with prof_ctx(activities=acts) as prof:
+        for _ in range(steps):
+            step(ids)
+        _sync(device)
+    by_name, launches, syncs = collections.Counter(), 0, 0
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            by_name[e.name[:70]] += e.device_time / 1e3 / steps
+            launches += 1
+        elif any(s in e.name for s in SYNCS):
+            syncs += 1
+    return sum(by_name.values()), launches / steps, syncs / steps, by_name
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=SMOLLM2["num_hidden_layers"])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (after 5 warm-up steps)")
+    ap.add_argument("--mask", action="store_true", help="pass an attention_mask of ones")
+    ap.add_argument("--variants", default="sdpa,sage")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    dev = a.device
+    ids = torch.randint(0, SMOLLM2["vocab_size"], (a.batch, a.seq + 1), device=dev,
+                        generator=torch.Generator(device=dev).manual_seed(0))
+    meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", torch=torch.__version__,
+                commit=_commit(), command="python " + " ".join(sys.argv), model=f"smollm2-135m-shape-{a.layers}l",
+                seq_len=a.seq, batch=a.batch, inputs="random ids, random weights")
+    recs = []
+    for variant in a.variants.split(","):
+        step = stepper(variant, model(a.layers, dev), dev, a.mask)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step(ids)
+        _sync(dev)
+        first = time.perf_counter() - t0
+        times = []
+        for _ in range(a.steps):
+            t = time.perf_counter()
+            step(ids)
+            _sync(dev)
+            times.append((time.perf_counter() - t) * 1e3)
+        ms = statistics.median(times)
+        busy, launches, syncs, by_name = profile(step, ids, dev)
+        print(f"{variant}: step {ms:.1f} ms (median of {a.steps}; warm-up incl. compile {first:.1f} s), kernels "
+              f"{busy:.1f} ms a step ({launches:.0f} launches), GPU idle {ms - busy:.1f} ms, host syncs {syncs:.0f} "
+              f"a step", flush=True)
+        for name, t in by_name.most_common(a.top):
+            print(f"    {t:8.3f} ms  {name}")
+        kernel = "sdpa_inductor" if variant == "sdpa" else "sage_int8_train"
+        note = f"mask={a.mask}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
+        recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
+        recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
+    if a.out:
+        write_records(a.out, recs)
+        print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
