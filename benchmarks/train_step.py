@@ -9,7 +9,7 @@ the profiled steps end with one), and the largest kernels. ``--mask`` passes an 
 (transformers then hands every site a bool mask; transformers 5.17 does so even without one).
 
     python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--mask] [--variants sdpa,sage]
-        [--out results/train_step_<run>_<commit>_<gpu>.json]
+        [--mode reduce-overhead] [--out results/train_step_<run>_<commit>_<gpu>.json]
 """
 from __future__ import annotations
 
@@ -41,12 +41,13 @@ def model(layers: int, device: str):
     return LlamaForCausalLM(cfg).to(device).train()
 
 
-def stepper(variant: str, m, device: str, mask: bool):
-    """A function running one training step of ``m`` compiled for ``variant`` on a (B, N + 1) id tensor."""
+def stepper(variant: str, m, device: str, mask: bool, mode=None):
+    """A function running one training step of ``m`` compiled for ``variant`` (``mode``: torch.compile's, e.g.
+    ``reduce-overhead`` for CUDA graphs) on a (B, N + 1) id tensor."""
     import sage_compile
 
     backend = "inductor" if variant == "sdpa" else sage_compile.make_backend(kernel="int8_train")
-    cm = torch.compile(m, backend=backend)
+    cm = torch.compile(m, backend=backend, mode=mode)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0)
 
     def step(ids):
@@ -96,6 +97,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps (after 5 warm-up steps)")
     ap.add_argument("--mask", action="store_true", help="pass an attention_mask of ones")
     ap.add_argument("--variants", default="sdpa,sage")
+    ap.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--out", default=None)
@@ -108,7 +110,7 @@ def main():
                 seq_len=a.seq, batch=a.batch, inputs="random ids, random weights")
     recs = []
     for variant in a.variants.split(","):
-        step = stepper(variant, model(a.layers, dev), dev, a.mask)
+        step = stepper(variant, model(a.layers, dev), dev, a.mask, a.mode)
         t0 = time.perf_counter()
         for _ in range(5):
             step(ids)
@@ -128,7 +130,7 @@ def main():
         for name, t in by_name.most_common(a.top):
             print(f"    {t:8.3f} ms  {name}")
         kernel = "sdpa_inductor" if variant == "sdpa" else "sage_int8_train"
-        note = f"mask={a.mask}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
+        note = f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
     if a.out:
