@@ -183,10 +183,11 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh
 
 
 @triton.jit
-def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D: tl.constexpr, NQB,
+def _bwd_pre(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D: tl.constexpr, NQB,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block, stored
-    transposed (B, H, D, N): the K-major operand of dV = ψ(P)ᵀ·ψ(dO)."""
+    transposed (B, H, D, N): the K-major operand of dV = ψ(P)ᵀ·ψ(dO); the LSE in log2 units as the CUDA
+    kernels read it (:func:`_lse2`; the Triton kernels take it from the LSE themselves)."""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -197,6 +198,7 @@ def _bwd_pre(O, DO, DELTA, DO16, DO8T, SDO, sob, soh, son, sdb, sdh, sdn, HQ, LQ
     do16 = do.to(DO16.dtype.element_ty)
     dof = do.to(tl.float32)
     tl.store(DELTA + bh * LQ + offs_m, tl.sum(dof * o, axis=1), mask=offs_m < LQ)
+    tl.store(LSE2 + bh * LQ + offs_m, _lse2(tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ)), mask=offs_m < LQ)
     tl.store(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], do16, mask=inb)
     d8, sdo = _psi(dof, EMULATE)
     tl.store(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], d8, mask=inb)
@@ -558,8 +560,9 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     do16 = torch.empty((b, hq, lq, d), dtype=_DT16[in_dtype], device=dev)
     do8t = torch.empty((b, hq, d, lq), dtype=torch.int8, device=dev)
     sdo = torch.empty((b, hq, nqb), dtype=torch.float32, device=dev)
-    _bwd_pre[(nqb, b * hq)](o, do, delta, do16, do8t, sdo, *bhn_strides(o, layout), *bhn_strides(do, layout),
-                            hq, lq, d, nqb,
+    lse2 = torch.empty_like(delta)  # (the CUDA kernels')
+    _bwd_pre[(nqb, b * hq)](o, do, lse, delta, do16, do8t, sdo, lse2, *bhn_strides(o, layout),
+                            *bhn_strides(do, layout), hq, lq, d, nqb,
                             BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
     gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     split = psi == "split"
@@ -570,12 +573,10 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     q8t, k8t = tokens_last(q8), tokens_last(k8)
     # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
     v16 = dequant_16(v8, vs, BLOCK_KV, do16.dtype)
-    lse2 = None
     for mask, kind, ms, rule, want in variants:
         if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
-            lse2 = train_cuda.lse_log2(lse) if lse2 is None else lse2
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
                             bhn_strides(dk, layout), gate=gate, want=want)
             train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, rule, sm,

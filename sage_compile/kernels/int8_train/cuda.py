@@ -129,12 +129,6 @@ def _gate_args(gate: Optional[torch.Tensor], want: int, dummy: torch.Tensor) -> 
     return (dummy, -1) if gate is None else (gate, int(want))
 
 
-def lse_log2(lse: torch.Tensor) -> torch.Tensor:
-    """The LSE (natural-log units, -inf for rows without keys) as both kernels read it: log2 units, +inf for
-    those rows, so that P = exp2(z - lse2) is 0 there without a test."""
-    return torch.where(lse == float("-inf"), float("inf"), lse * LOG2E).contiguous()
-
-
 def _coff(causal: str, lq: int, lk: int) -> int:
     return 0 if causal == "top_left" else lk - lq
 
@@ -143,7 +137,7 @@ def dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, causal: str, 
        module=None, gate: Optional[torch.Tensor] = None, want: int = -1) -> None:
     """dQ of the ``psi="split"`` backward into ``dq_out`` (values at ``out_strides``, channel stride 1, in
     ``v16``'s dtype), with the K-smoothing correction and the softmax scale. ``k8t`` (B, Hkv, D, Lk) k̂
-    transposed, ``kmean`` (B, Hkv, D), ``lse2`` from :func:`lse_log2`; the rest as :func:`dkdv`."""
+    transposed, ``kmean`` (B, Hkv, D), ``lse2`` as :func:`dkdv`'s; the rest as :func:`dkdv`."""
     mod = load() if module is None else module
     mod.dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, sm * LOG2E, sm, causal != "none",
            _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
@@ -153,7 +147,8 @@ def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal:
          out_strides: tuple, module=None, gate: Optional[torch.Tensor] = None, want: int = -1) -> None:
     """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
     token) strides, channel stride 1, in ``v16``'s dtype). Operands as :func:`sage_compile.kernels.int8_train.
-    attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse2`` from :func:`lse_log2`;
+    attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse2`` (B, Hq, Lq) the LSE in
+    log2 units, +inf for rows without keys (P = exp2(z - lse2) is 0 there without a test; ``_bwd_pre`` writes it);
     ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks); ``gate``, ``want`` as
     :func:`forward`'s."""
     mod = load() if module is None else module
