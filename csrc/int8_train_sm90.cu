@@ -131,14 +131,10 @@
 #endif
 template <int D>
 __host__ __device__ constexpr int max_chains() { return D == 64 ? SAGE_TRAIN_MAXCHAINS64 : SAGE_TRAIN_MAXCHAINS128; }
-// SAGE_TRAIN_UNROLL 1: the steps that need no mask run in groups of STAGES, each step's stage a constant (its
-// barriers, its scales' slots and its wgmma descriptors then need no j % STAGES); 0: one loop, the stage j % STAGES
-// at run time. Offline (sm_90a, bf16, non-causal), instructions a step: dQ 489 -> 462 at hd128, 391 -> 375 at hd64;
-// the forward 488 -> 478 at hd128; dK/dV 757 -> 758 at hd128, 591 -> 575 at hd64; the kernels' code 2.2x longer.
-// Not yet timed on a GPU: off
-#ifndef SAGE_TRAIN_UNROLL
-#define SAGE_TRAIN_UNROLL 0
-#endif
+// Dropped offline (code at 18801fe, SAGE_TRAIN_UNROLL): the steps that need no mask in groups of STAGES with constant
+// stages, so that no step computes j % STAGES. Instructions a step (sm_90a, bf16): dQ 489 -> 462 at hd128 and 391 ->
+// 375 at hd64, the forward 488 -> 478 at hd128, dK/dV 757 -> 758 at hd128 and 591 -> 575 at hd64; but dQ and dK/dV
+// spill at hd128 (12-76 bytes) and the code grows 2.2x, for at most 3-5 % fewer instructions.
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -475,9 +471,6 @@ struct Ring {
   }
   __device__ void wait_full(int j) const { mbar_wait(&full[j % STAGES], (j / STAGES) & 1); }
   __device__ void release(int j) const { mbar_arrive_one(&empty[j % STAGES]); }  // this consumer warp is done
-  // the same for step j at stage s (= j % STAGES, known to the caller)
-  __device__ void wait_full(int j, int s) const { mbar_wait(&full[s], (j / STAGES) & 1); }
-  __device__ void release(int, int s) const { mbar_arrive_one(&empty[s]); }
 };
 
 // The producer lane's loads of steps [0, n) (the dQ kernel and the forward): each step's stage once every consumer
@@ -560,40 +553,19 @@ template <int E>
 struct Edge {
   static constexpr int value = E;
 };
-// A step's stage: StageIx<s> the constant s (SAGE_TRAIN_UNROLL), StageIx<-1> j % STAGES at run time
-template <int S>
-struct StageIx {
-  static constexpr int value = S;
-};
-template <int STAGES>
-__device__ __forceinline__ int stage_of(int j, int s) { return s >= 0 ? s : j % STAGES; }
-template <int S, int N, typename F>
-__device__ __forceinline__ void for_stages(F&& f) {
-  if constexpr (S < N) {
-    f(StageIx<S>{});
-    for_stages<S + 1, N>(f);
-  }
-}
-// step(j, Edge<...>, StageIx<...>) for j in [j0, j1): where SAGE_TRAIN_EDGELOOP, the steps [f0, f1) (clamped) that need
-// no mask in a loop of their own and the others with the mask; else one loop with the runtime test. UNROLL (a ring
-// depth, or 0): the steps that need no mask from the first one at stage 0 in groups of UNROLL, the stages constants
-// (step j's stage is (j + off) % UNROLL: off is 0 where the steps count from 0, else the ring's count minus j0)
-template <int UNROLL = 0, typename Step>
-__device__ __forceinline__ void run_steps(int j0, int j1, int f0, int f1, Step&& step, int off = 0) {
+// step(j, Edge<...>) for j in [j0, j1): where SAGE_TRAIN_EDGELOOP, the steps [f0, f1) (clamped) that need no mask in a
+// loop of their own and the others with the mask; else one loop with the runtime test
+template <typename Step>
+__device__ __forceinline__ void run_steps(int j0, int j1, int f0, int f1, Step&& step) {
 #if SAGE_TRAIN_EDGELOOP
   f0 = min(max(f0, j0), j1);
   f1 = min(max(f1, f0), j1);
   int j = j0;
-  for (; j < f0; ++j) step(j, Edge<1>{}, StageIx<-1>{});
-  if constexpr (UNROLL > 1) {
-    for (; j < f1 && (j + off) % UNROLL != 0; ++j) step(j, Edge<0>{}, StageIx<-1>{});
-    for (; j + UNROLL <= f1; j += UNROLL)
-      for_stages<0, UNROLL>([&](auto sc) { step(j + decltype(sc)::value, Edge<0>{}, sc); });
-  }
-  for (; j < f1; ++j) step(j, Edge<0>{}, StageIx<-1>{});
-  for (; j < j1; ++j) step(j, Edge<1>{}, StageIx<-1>{});
+  for (; j < f0; ++j) step(j, Edge<1>{});
+  for (; j < f1; ++j) step(j, Edge<0>{});
+  for (; j < j1; ++j) step(j, Edge<1>{});
 #else
-  for (int j = j0; j < j1; ++j) step(j, Edge<2>{}, StageIx<-1>{});
+  for (int j = j0; j < j1; ++j) step(j, Edge<2>{});
 #endif
 }
 
@@ -742,12 +714,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int full0 = CAUSAL ? (max(0, n0 + ln.wg * 64 + 63 - p.coff) + kBM - 1) / kBM : 0;
   for (int g = 0; g < p.group; ++g) {
     [[maybe_unused]] const int bh = b * p.hq + hk * p.group + g;  // (read by the step's scale loads without EARLY)
-    auto step = [&](int jm, auto edge_c, auto stage_c) {
+    auto step = [&](int jm, auto edge_c) {
       constexpr int kEdge = decltype(edge_c)::value;
       const int m0 = jm * kBM;
-      const int s = stage_of<STAGES>(it, decltype(stage_c)::value);  // (the ring counts `it`)
-      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
-      const float* sl = reinterpret_cast<const float*>(smem + L::kL) + s * 2 * kBM;
+      const uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
+      const float* sl = reinterpret_cast<const float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
       // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
       const bool edge =
           kEdge == 1 || (kEdge == 2 && ((CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq));
@@ -755,8 +726,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float dp[32];
 #if SAGE_TRAIN_EARLY
       s_fill(sacc);
-      ring.wait_full(it, s);
-      const float2 sc = *reinterpret_cast<const float2*>(smem + L::kX + s * 8);
+      ring.wait_full(it);
+      const float2 sc = *reinterpret_cast<const float2*>(smem + L::kX + (it % STAGES) * 8);
       const float qraw = sc.x, sdo = sc.y;
       float2 lse[8];  // this lane's queries' LSE2 pairs (column groups i)
 #pragma unroll
@@ -764,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
       const float qraw = __ldg(p.qs + static_cast<size_t>(bh) * p.nqb + m0 / 128);
       const float sdo = __ldg(p.sdo + static_cast<size_t>(bh) * p.nqb + m0 / 128);
-      ring.wait_full(it, s);
+      ring.wait_full(it);
       s_fill(sacc);
 #endif
 #if SAGE_TRAIN_DFILL
@@ -843,10 +814,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
-      ring.release(it, s);
+      ring.release(it);
       ++it;
     };
-    run_steps<SAGE_TRAIN_UNROLL ? STAGES : 0>(lo / kBM, (p.lq + kBM - 1) / kBM, full0, p.lq / kBM, step, it - lo / kBM);
+    run_steps(lo / kBM, (p.lq + kBM - 1) / kBM, full0, p.lq / kBM, step);
   }
 
   // epilogue: dK * softmax scale, dV; rows past Lk are not stored
@@ -980,11 +951,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   wg_fence();
   issue_s_dp(sacc, dp, smem + L::kStage0);
 #endif
-  auto step = [&](int j, auto edge_c, auto stage_c) {
+  auto step = [&](int j, auto edge_c) {
     constexpr int kEdge = decltype(edge_c)::value;
     const int n0 = j * kBM;
-    const int s = stage_of<STAGES>(j, decltype(stage_c)::value);
-    const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+    const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
 #if SAGE_TRAIN_EARLY
     float ksc;  // (read from the stage once it is waited for)
 #else
@@ -1006,10 +976,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SAGE_TRAIN_EARLY
     s_fill(sacc);
     d_fill(dp);
-    ring.wait_full(j, s);
-    ksc = reinterpret_cast<const float*>(smem + L::kX)[s];  // (stage_k_scale)
+    ring.wait_full(j);
+    ksc = stage_k_scale<STAGES>(smem + L::kX, j);
 #else
-    ring.wait_full(j, s);
+    ring.wait_full(j);
     s_fill(sacc);
     d_fill(dp);
 #endif
@@ -1058,10 +1028,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
     int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
 #endif
-    ring.release(j, s);
+    ring.release(j);
   };
-  run_steps<SAGE_TRAIN_UNROLL && !SAGE_TRAIN_DQPIPE ? STAGES : 0>(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p),
-                                                                  step);
+  run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
 #if SAGE_TRAIN_DQPIPE
   wg_wait0();  // the last step's dropped S and dP
   }
@@ -1220,11 +1189,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     [[maybe_unused]] float ksc_next = stage_k_scale<STAGES>(smem + L::kX, 0);
     wg_wait0();
     reg_fence(sacc);
-    auto step = [&](int j, auto edge_c, auto stage_c) {
+    auto step = [&](int j, auto edge_c) {
       constexpr int kEdge = decltype(edge_c)::value;
       const int n0 = j * kBM;
-      const int s = stage_of<STAGES>(j, decltype(stage_c)::value);
-      const uint8_t* st = smem + L::kStage0 + s * L::kStageBytes;
+      const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
 #if SAGE_TRAIN_EARLY
       const float ksc = ksc_next;
 #else
@@ -1269,14 +1237,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
       const bool more = j + 1 < qb.n_tiles;
       const int j1 = more ? j + 1 : j;
-      const int s1 = more ? (decltype(stage_c)::value >= 0 ? (s + 1) % STAGES : j1 % STAGES) : s;  // j1's stage
-      if (more) ring.wait_full(j1, s1);
-      if (SAGE_TRAIN_EARLY) ksc_next = reinterpret_cast<const float*>(smem + L::kX)[s1];  // (stage_k_scale)
+      if (more) ring.wait_full(j1);
+      if (SAGE_TRAIN_EARLY) ksc_next = stage_k_scale<STAGES>(smem + L::kX, j1);
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
       wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kVT));
-      issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + s1 * L::kStageBytes + L::kK));
+      issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
       // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
       if (!SAGE_TRAIN_LAZY || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
@@ -1286,7 +1253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_wait0();
       reg_fence(pv);
       reg_fence(sacc);
-      ring.release(j, s);
+      ring.release(j);
       const float f[2] = {sp[0] * vsc, sp[1] * vsc};
 #pragma unroll
       for (int i = 0; i < D / 8; ++i)
@@ -1298,7 +1265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc);
           }
     };
-    run_steps<SAGE_TRAIN_UNROLL ? STAGES : 0>(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
+    run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
   }
 
   // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
