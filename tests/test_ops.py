@@ -122,8 +122,6 @@ def test_attention_train_backward_reuses_the_forwards_quantization(monkeypatch):
     """The backward takes the forward's quantized operands (the op's extra outputs, saved by autograd) instead of
     quantizing q, k, v again: one prologue per forward and backward, the same gradients, and q, k, v are not saved
     (changing them in place after the forward is no error for autograd and does not reach the gradients)."""
-    from sage_compile import ops
-
     impl = ops.impl_for("int8_train", "cpu")
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 48, 16, generator=g, requires_grad=True) for _ in range(3))

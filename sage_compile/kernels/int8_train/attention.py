@@ -612,21 +612,3 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
             _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
             _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     return dq, dk, dv
-    if config is not None or EMULATE_FP8:
-        cfg = dict(_BWD_DEFAULT, **(config or {}))
-        bn = cfg.pop("BLOCK_N", SPLIT_BLOCK_N) if split else BLOCK_KV  # tile: ψ's 64 keys fix the block
-        cfg.pop("BLOCK_N", None)
-        if split:
-            for part in _dkdv_parts(d):
-                _bwd_dkdv_split[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
-        else:
-            _bwd_dkdv[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
-        _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
-    elif split:
-        for part in _dkdv_parts(d):
-            _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta, PART=part)
-        _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
-    else:
-        _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
-        _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
-    return dq, dk, dv
