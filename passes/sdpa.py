@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from .layout import unwrap_heads_permute, unwrap_repeat_kv
+from .mask import constant_mask_rule
 from .site import Site, mask_kind_of, val
 
 SDPA_TARGETS = {torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention}
@@ -52,6 +53,12 @@ def site_from_sdpa(n: fx.Node) -> Site:
     if isinstance(s.scale, fx.Node) and isinstance(val(s.scale), torch.Tensor):
         s.reject_reason = "tensor-valued scale: kept"
         return s
+    # A bool mask that is a constant of the graph and equals an index rule becomes that rule (passes/mask.py).
+    if s.mask_kind == "bool" and s.causal == "none":
+        rule = constant_mask_rule(s.mask, val(s.q).shape[2], val(s.k).shape[2])
+        if rule is not None:
+            s.mask, s.mask_kind, s.causal = None, "none", rule
+            s.unwrapped.append(f"constant bool mask -> {'causal ' + rule if rule != 'none' else 'no mask'}")
     # Native GQA: undo repeat_kv on K and V when both were repeated by the same factor.
     k0, rk = unwrap_repeat_kv(s.k)
     v0, rv = unwrap_repeat_kv(s.v)

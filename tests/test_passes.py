@@ -203,6 +203,40 @@ def test_sdpa_masks():
     assert compiled_matches(f, (q, k, v, add), 1)[0]["mask"] == "additive"
 
 
+def _sdpa_with_mask(build):
+    """SDPA whose bool mask ``build(q, k)`` makes inside the graph."""
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=build(q, k))
+
+
+def _causal_keep(q, k, window=None):
+    """(B, 1, Lq, Lk) bool, key n kept for query m iff n <= m + Lk - Lq (and, with ``window``, n > that - window): from
+    aranges and the sizes alone, as transformers builds its mask under compile when called with input_ids."""
+    lq, lk = q.shape[2], k.shape[2]
+    rel = torch.arange(lk, device=q.device)[None, :] - torch.arange(lq, device=q.device)[:, None] - (lk - lq)
+    keep = rel <= 0 if window is None else (rel <= 0) & (rel > -window)
+    return keep[None, None].expand(q.shape[0], 1, lq, lk)
+
+
+def test_constant_masks_become_rules():
+    """A bool mask built in the graph from nothing the graph takes as input is evaluated at compile time: equal to
+    the causal rule (bottom-right) or all true, the site takes that rule and no mask; another constant mask, or one
+    computed from an input, stays a mask read by the op."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 20, 32, generator=g)
+    k, v = (torch.randn(2, 4, 28, 32, generator=g) for _ in range(2))
+    cases = [
+        (_causal_keep, "none", "bottom_right"),
+        (lambda q, k: torch.ones(q.shape[0], 1, 1, k.shape[2], dtype=torch.bool), "none", "none"),
+        (lambda q, k: _causal_keep(q, k, window=6), "bool", "none"),  # a sliding window: not a rule
+        (lambda q, k: (q.sum(-1, keepdim=True) > -1e9) & _causal_keep(q, k), "bool", "none"),  # from an input
+    ]
+    for build, mask, causal in cases:
+        torch._dynamo.reset()
+        row = compiled_matches(_sdpa_with_mask(build), (q, k, v), 1)[0]
+        assert (row["mask"], row["causal"]) == (mask, causal), row
+        assert any("constant bool mask" in u for u in row["unwrapped"]) == (mask == "none"), row
+
+
 def test_unsupported_sites_are_kept_with_reason():
     q, k, v = qkv(d=288)
     rows = compiled_matches(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), (q, k, v), replaced=0, kept=1)

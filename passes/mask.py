@@ -1,0 +1,81 @@
+"""Masks that are constants of the graph.
+
+Under ``torch.compile`` transformers materialises its causal mask in the graph (compile.md §6.3). Called with
+``input_ids`` alone and static shapes, that mask is built from ``arange`` and the sizes only: nothing the graph
+takes as input reaches it, so every call computes the same mask. Such a bool mask is evaluated once here, at
+compile time; where it equals the causal rule (bottom-right) or is all true, the site takes the rule and no mask
+(the mask's nodes then die in the graph, and the op needs no check of its structure at run time). Any other mask,
+one that depends on an input (an ``attention_mask``, symbolic sizes), or one too large to evaluate cheaply is left
+to the op.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import fx
+
+from .site import val
+
+MAX_ELEMENTS = 1 << 26  # a constant mask larger than this (64M values) is left to the op's device-side check
+# ops whose values differ from call to call: a mask built with one is no constant
+_RANDOM = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "normal", "dropout", "uniform",
+           "exponential", "poisson", "rand_like", "randn_like", "randint_like")
+
+
+def _ancestors(node: fx.Node) -> Optional[list]:
+    """``node`` and every node it depends on, in graph order; None where a placeholder (an input of the graph) or an
+    op that is not a pure function is among them."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        if n.op not in ("call_function", "call_method", "get_attr"):
+            return None
+        name = getattr(n.target, "__name__", str(n.target))
+        if any(name == r or name.endswith("." + r) or name.startswith(r + "_") for r in _RANDOM):
+            return None
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return [n for n in node.graph.nodes if n in seen]
+
+
+def _static_shape(t) -> Optional[tuple]:
+    if not isinstance(t, torch.Tensor) or any(not isinstance(s, int) for s in t.shape):
+        return None
+    return tuple(t.shape)
+
+
+def constant_mask_rule(mask: fx.Node, lq: int, lk: int) -> Optional[str]:
+    """The index rule a bool ``attn_mask`` node stands for when it is a constant of its graph: ``"bottom_right"``
+    (key n kept for query m iff n <= m + lk - lq, every batch and head), ``"none"`` (all kept), else None (a mask
+    that depends on an input or on randomness, has symbolic sizes, is not bool, is larger than
+    :data:`MAX_ELEMENTS`, or is neither rule). ``lq``, ``lk``: the SDPA call's query and key counts."""
+    t = val(mask)
+    shape = _static_shape(t)
+    if shape is None or t.dtype != torch.bool or len(shape) < 2 or tuple(shape[-2:]) not in ((lq, lk), (1, lk)):
+        return None
+    if t.numel() > MAX_ELEMENTS:
+        return None
+    nodes = _ancestors(mask)
+    if nodes is None:
+        return None
+    g = fx.Graph()
+    env: dict = {}
+    for n in nodes:
+        env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(env[mask])
+    try:
+        with torch.no_grad():
+            m = fx.GraphModule(mask.graph.owning_module or torch.nn.Module(), g)()
+    except Exception:  # noqa: BLE001  (whatever fails to run here is left to the op)
+        return None
+    if not isinstance(m, torch.Tensor) or m.dtype != torch.bool or tuple(m.shape) != shape:
+        return None
+    if bool(m.all()):
+        return "none"
+    if shape[-2] != lq:
+        return None
+    rule = torch.ones(lq, lk, dtype=torch.bool, device=m.device).tril(lk - lq)
+    return "bottom_right" if bool((m == rule).all()) else None
