@@ -55,7 +55,7 @@ def site_from_sdpa(n: fx.Node) -> Site:
         return s
     # A bool mask that is a constant of the graph and equals an index rule becomes that rule (passes/mask.py).
     if s.mask_kind == "bool" and s.causal == "none":
-        rule = constant_mask_rule(s.mask, val(s.q).shape[2], val(s.k).shape[2])
+        rule = constant_mask_rule(s.mask, val(s.q).shape[2], val(s.k).shape[2], n)
         if rule is not None:
             s.mask, s.mask_kind, s.causal = None, "none", rule
             s.unwrapped.append(f"constant bool mask -> {'causal ' + rule if rule != 'none' else 'no mask'}")

@@ -217,6 +217,12 @@ def _causal_keep(q, k, window=None):
     return keep[None, None].expand(q.shape[0], 1, lq, lk)
 
 
+def _causal_then_written(q, k):
+    m = _causal_keep(q, k).clone()
+    m.view(-1)[5] = False  # (a key the first query row would see)
+    return m
+
+
 def test_constant_masks_become_rules():
     """A bool mask built in the graph from nothing the graph takes as input is evaluated at compile time: equal to
     the causal rule (bottom-right) or all true, the site takes that rule and no mask; another constant mask, or one
@@ -229,6 +235,7 @@ def test_constant_masks_become_rules():
         (lambda q, k: torch.ones(q.shape[0], 1, 1, k.shape[2], dtype=torch.bool), "none", "none"),
         (lambda q, k: _causal_keep(q, k, window=6), "bool", "none"),  # a sliding window: not a rule
         (lambda q, k: (q.sum(-1, keepdim=True) > -1e9) & _causal_keep(q, k), "bool", "none"),  # from an input
+        (_causal_then_written, "bool", "none"),  # causal as built, then written into through a view
     ]
     for build, mask, causal in cases:
         torch._dynamo.reset()
