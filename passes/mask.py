@@ -10,6 +10,7 @@ randomness, one written into before the call reads it, one too large to evaluate
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional
 
 import torch
@@ -23,6 +24,14 @@ _RANDOM = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "
            "exponential", "poisson", "rand_like", "randn_like", "randint_like")
 
 
+def _random(target) -> bool:
+    """Whether an FX target draws random numbers (torch functions, Tensor methods by name, aten overloads)."""
+    if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+    return any(tok == r or tok.startswith(r + "_") for tok in name.split(".") for r in _RANDOM)
+
+
 def _ancestors(node: fx.Node) -> Optional[list]:
     """``node`` and every node it depends on, in graph order; None where a placeholder (an input of the graph), a
     module attribute (a buffer the caller may change between calls) or an op that is not a pure function is among
@@ -34,8 +43,7 @@ def _ancestors(node: fx.Node) -> Optional[list]:
             continue
         if n.op not in ("call_function", "call_method"):
             return None
-        name = getattr(n.target, "__name__", str(n.target))
-        if any(name == r or name.endswith("." + r) or name.startswith(r + "_") for r in _RANDOM):
+        if _random(n.target):
             return None
         seen.add(n)
         stack.extend(n.all_input_nodes)
@@ -46,8 +54,6 @@ def _mutates(n: fx.Node) -> bool:
     """Whether ``n`` may write into one of its inputs: ``x[i] = ...``, an in-place op (``*_``), an ``out=`` argument."""
     if n.op not in ("call_function", "call_method"):
         return False
-    import operator
-
     if n.target in (operator.setitem, operator.delitem):
         return True
     name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
