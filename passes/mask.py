@@ -24,12 +24,16 @@ _RANDOM = ("rand", "randn", "randint", "randperm", "bernoulli", "multinomial", "
            "exponential", "poisson", "rand_like", "randn_like", "randint_like")
 
 
+def _name(target) -> str:
+    """An FX target's name: a method's string, a function's or an aten overload's ``__name__``."""
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
 def _random(target) -> bool:
     """Whether an FX target draws random numbers (torch functions, Tensor methods by name, aten overloads)."""
     if torch.Tag.nondeterministic_seeded in getattr(target, "tags", ()):
         return True
-    name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-    return any(tok == r or tok.startswith(r + "_") for tok in name.split(".") for r in _RANDOM)
+    return any(tok == r or tok.startswith(r + "_") for tok in _name(target).split(".") for r in _RANDOM)
 
 
 def _ancestors(node: fx.Node) -> Optional[list]:
@@ -56,7 +60,7 @@ def _mutates(n: fx.Node) -> bool:
         return False
     if n.target in (operator.setitem, operator.delitem):
         return True
-    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    name = _name(n.target)
     return (name.endswith("_") and not name.endswith("__")) or "out" in n.kwargs
 
 
