@@ -1,10 +1,13 @@
 """Diagnostics for where time goes (GPU), printed as it runs; one short GPU call:
 
-    python benchmarks/diag_overhead.py [--parts graph,overhead,train]
+    python benchmarks/diag_overhead.py [--parts graph,overhead,train,train_host]
 
 overhead: the int8_fp8 prologue op / core op / composed op at a small shape (CogVideoX 1K-token block:
     B=1 H=30 N=1250 D=64): wall time per call (``do_bench``), and the CPU-side profile of the prologue op
     (what the host spends per call: the block benchmark saw ~2 ms of host time at 1K).
+train_host: the host time of one int8_train site (SmolLM2's: B=2 Hq=9 Hkv=3 D=64, N=128 so the GPU waits for the
+    host): per call of the op's forward, its autograd forward+backward, the backward op, the kernel module's
+    quantize/forward/backward without the dispatcher, beside SDPA's; then cProfile's largest host costs.
 train: int8_train at hd128 N=8K B=4 H=16: forward, backward, and the backward's kernels by name (CUDA
     time from the profiler), beside SDPA cuDNN's forward and backward.
 graph: CogVideoX attn1 (small) with prologue='graph' forced on CUDA vs the op, toggling the IEEE-division
@@ -93,6 +96,65 @@ def train():
         print(name, "best config:", {str(k_): str(c) for k_, c in tuner.cache.items()}, flush=True)
 
 
+def _host_ms(fn, n=100):
+    """Host milliseconds per call of ``fn`` (n calls, no sync between them; the GPU work is tiny)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e3
+    torch.cuda.synchronize()
+    return host
+
+
+def train_host():
+    import cProfile
+    import pstats
+
+    from sage_compile import ops  # noqa: F401
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    b, hq, hkv, n, d = 2, 9, 3, 128, 64
+    q = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    do = torch.randn(b, hq, n, d, device="cuda", dtype=torch.bfloat16)
+    op, bwd = torch.ops.sage_compile.attention_train, torch.ops.sage_compile.attention_train_backward
+    with torch.no_grad():
+        out = op(q, k, v, None, "bottom_right", None, "HND", "split")
+    qt = KQ.quantize(q.detach(), k.detach(), v.detach(), "HND")
+
+    def fwd_bwd():
+        o = op(q, k, v, None, "bottom_right", None, "HND", "split")[0]
+        torch.autograd.grad(o, (q, k, v), do)
+
+    def sdpa_fwd_bwd():
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        torch.autograd.grad(o, (q, k, v), do)
+
+    cases = (("op forward (no grad)", lambda: op(q.detach(), k.detach(), v.detach(), None, "bottom_right", None,
+                                                 "HND", "split")),
+             ("op forward+backward (autograd)", fwd_bwd),
+             ("backward op", lambda: bwd(*out[2:], out[0], out[1], do, None, "bottom_right", None, "HND", "split")),
+             ("module quantize", lambda: KQ.quantize(q.detach(), k.detach(), v.detach(), "HND")),
+             ("module forward", lambda: KA.forward(*qt[:6], "bottom_right", None, "HND", q.dtype)),
+             ("module backward", lambda: KA.backward(*qt, out[0], out[1], do, "bottom_right", None, "HND", q.dtype,
+                                                     psi="split")),
+             ("sdpa forward+backward", sdpa_fwd_bwd))
+    for name, fn in cases:
+        print(f"{name:32s} host {_host_ms(fn):7.3f} ms/call", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        fwd_bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(30)
+    st.sort_stats("cumulative").print_stats(45)
+
+
 def graph():
     from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
 
@@ -134,7 +196,7 @@ def graph():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--parts", default="graph,overhead,train")
+    ap.add_argument("--parts", default="graph,overhead,train,train_host")
     for part in ap.parse_args().parts.split(","):
         print(f"===== {part}", flush=True)
         try:
