@@ -236,9 +236,7 @@ def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]
     (``Options.int8_train_psi``)."""
     if psi not in ("tile", "split"):
         raise ValueError(f"sage_compile: int8_train_psi must be 'tile' or 'split', got {psi!r}")
-    impl = impl_for("int8_train", q.device.type)
-    qt = impl.quantize(q, k, v, layout)
-    o, lse = impl.forward(*qt[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask)
+    o, lse, qt = impl_for("int8_train", q.device.type).quantize_forward(q, k, v, attn_mask, causal, scale, layout)
     return (o.contiguous(), lse, *_contig(qt))
 
 

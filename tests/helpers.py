@@ -83,3 +83,34 @@ def llm_step(model, ids):
     for p in params:
         p.grad = None
     return loss.detach(), grads
+
+
+def check_bwd_prep(KA, device, dtype, b=2, hq=4, hkv=2, lq=130, lk=77, d=80, layout="HND", seed=0):
+    """The int8_train backward's one preparation launch (``KA.bwd_prep``) against torch, on ``device``: q̂ and k̂
+    transposed, V̂ in ``dtype`` with the bits of the reference's dequantization cast (scales that round, a zero
+    block), dO in ``dtype``, delta = rowsum(dO∘O), the LSE in log2 units (+inf for a row without keys) and ψ(dO)
+    (one scale per 128 rows, stored transposed) dequantizing to dO within its rounding. O and dO in ``layout``."""
+    from sage_compile.reference.quant import dequant_int8
+
+    g = torch.Generator().manual_seed(seed)
+    i8 = (lambda *s: torch.randint(-127, 128, s, generator=g, dtype=torch.int8))
+    q8, k8, v8 = i8(b, hq, lq, d), i8(b, hkv, lk, d), i8(b, hkv, lk, d)
+    vs = torch.rand(b, hkv, -(-lk // 64), generator=g) * 3.7
+    vs[0, 0, 0] = 0.0
+    o, do = (torch.randn(b, hq, lq, d, generator=g).to(dtype) for _ in range(2))
+    lse = torch.randn(b, hq, lq, generator=g)
+    lse[0, 0, 3] = float("-inf")
+    dev = (lambda t: t.to(device))
+    ol, dol = ((t if layout == "HND" else t.transpose(1, 2).contiguous()).to(device) for t in (o, do))  # (B, N, H, D)
+    p = KA.bwd_prep(dev(q8), dev(k8), dev(v8), dev(vs), ol, dev(lse), dol, layout, dtype)
+    p = {n: t.cpu() for n, t in p.items()}
+    assert torch.equal(p["q8t"], q8.transpose(2, 3)) and torch.equal(p["k8t"], k8.transpose(2, 3))
+    assert torch.equal(bits(p["v16"]), bits(dequant_int8(v8, vs, 64).to(dtype)))
+    assert torch.equal(p["do16"], do)
+    assert torch.allclose(p["delta"], (do.float() * o.float()).sum(-1), rtol=1e-5, atol=1e-5)
+    want2 = lse * 1.4426950408889634
+    want2[0, 0, 3] = float("inf")
+    assert torch.allclose(p["lse2"], want2, rtol=1e-6, atol=0) and p["lse2"][0, 0, 3] == float("inf")
+    sdo = p["sdo"].repeat_interleave(128, dim=-1)[..., :lq, None]
+    assert (p["do8t"].transpose(2, 3).float() * sdo - do.float()).abs().max() <= 0.51 * sdo.max()
+    return p

@@ -6,7 +6,7 @@ test_kernel_int8_train_cuda_gpu.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bits, cos_rel, llm_step, outlier_inputs, poison_cuda_cache
+from helpers import bits, check_bwd_prep, cos_rel, llm_step, outlier_inputs, poison_cuda_cache
 
 import sage_compile
 
@@ -59,16 +59,11 @@ def test_prologue_bit_identical_on_gpu():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_backward_v16_bit_identical_on_gpu(dtype):
-    """The backward's V̂ in 16 bits (one Triton pass): the bits of the reference's dequantization cast."""
-    KQ, _ = _k()
-    from sage_compile.reference.quant import dequant_int8
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(-127, 128, (2, 3, 1000, 128), generator=g, dtype=torch.int8)
-    s = torch.rand(2, 3, 16, generator=g) * 3.7
-    y = KQ.dequant_16(x.cuda(), s.cuda(), 64, dtype).cpu()
-    assert torch.equal(y, dequant_int8(x, s, 64).to(dtype))
+def test_backward_prep_bit_identical_on_gpu(dtype):
+    """The backward's preparation launch (q̂ᵀ, k̂ᵀ, V̂ in 16 bits, dO, delta, LSE2, ψ(dO)) compiled: torch's bits."""
+    _, KA = _k()
+    check_bwd_prep(KA, "cuda", dtype, b=2, hq=6, hkv=3, lq=1000, lk=1100, d=128, layout="NHD")
+    check_bwd_prep(KA, "cuda", dtype, lq=300, lk=130, d=64)
 
 
 @pytest.mark.parametrize("psi", ["tile", "split"])

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from helpers import bits, cos_rel
+from helpers import bits, check_bwd_prep, cos_rel
 
 if torch.cuda.is_available():
     pytest.skip("GPU machine: the kernels are tested compiled (test_kernel_int8_train_gpu.py)", allow_module_level=True)
@@ -41,6 +41,13 @@ def test_prologue_bit_identical_and_nhd_in_place():
     for a, b in zip(KQ.quantize(*nhd, layout="NHD"), got):
         assert torch.equal(a, b)
     assert (got[5][0, 1, 0] == 0) and (got[4][0, 1, :64] == 0).all()
+    # the forward's prologue: the same tuple and V̂ transposed, in one launch for Q, K and V, whichever of Q's and
+    # K's block counts is larger (here 1 Q block, 3 K blocks; then 3 and 1)
+    for lq, lk in ((100, 130), (300, 40)):
+        q, k, v = _inputs(lq=lq, lk=lk, d=80, seed=lq)
+        qt, v8t = KQ.quantize_vt(q, k, v)
+        _assert_prologue_equal(list(qt), list(R.quantize(q, k, v)), k)
+        assert v8t.is_contiguous() and torch.equal(v8t, qt[4].transpose(2, 3))
 
 
 def _assert_prologue_equal(got, want, k):
@@ -241,16 +248,8 @@ def test_tokens_last_is_the_transpose(shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(2, 3, 130, 64), (1, 2, 77, 80)])
-def test_dequant_16_is_torchs_bit_for_bit(shape, dtype):
-    """V̂ in the 16-bit type for the backward's dP in one pass: the bits of the reference's dequantization cast,
-    ragged N, scales that round (and a zero block)."""
-    from sage_compile.reference.quant import dequant_int8
-
-    g = torch.Generator().manual_seed(sum(shape))
-    x = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-    s = torch.rand(*shape[:2], -(-shape[2] // 64), generator=g) * 3.7
-    s[0, 0, 0] = 0.0
-    y = KQ.dequant_16(x, s, 64, dtype)
-    assert y.dtype == dtype and y.shape == x.shape
-    assert torch.equal(bits(y), bits(dequant_int8(x, s, 64).to(dtype)))
+@pytest.mark.parametrize("lq, lk, d, layout", [(130, 77, 80, "HND"), (60, 200, 64, "NHD")])
+def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype):
+    """The backward's preparation launch: transposes, V̂ in 16 bits, dO, delta, LSE2, ψ(dO) (helpers.check_bwd_prep),
+    more query blocks than key blocks and fewer, head dims below the tile's, O and dO read through NHD strides."""
+    check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)

@@ -73,6 +73,15 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     return from_hnd(o.to(out_dtype), layout), lse
 
 
+def quantize_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor], causal: str,
+                     scale: Optional[float], layout: str):
+    """The training op's forward: :func:`quantize`, then :func:`forward` in the inputs' dtype: ``(O, LSE, the
+    quantized tuple)`` (what the backward takes)."""
+    qt = quantize(q, k, v, layout)
+    o, lse = forward(*qt[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask)
+    return o, lse, qt
+
+
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
              in_dtype: torch.dtype, dp_int8: bool = False, attn_mask: Optional[torch.Tensor] = None,
              k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N), psi: str = "tile"):

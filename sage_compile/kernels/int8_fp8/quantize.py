@@ -37,10 +37,15 @@ from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, or_sign, reci
 def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's (BLOCK_N tokens, BLOCK_D channels) tile of a strided (B, H, N, D) tensor, as fp32
     (zeros outside), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
-    bh = tl.program_id(1)
+    return token_tile_at(X, tl.program_id(1), tl.program_id(0), sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+
+
+@triton.jit
+def token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`_token_tile` of token block ``blk`` of (batch x head) ``bh``."""
     b = bh // H
     h = bh % H
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     inb = (rn[:, None] < N) & (rd[None, :] < D)
     x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)

@@ -6,4 +6,5 @@ import types
 from . import attention as _attention
 from . import quantize as _quantize
 
-impl = types.SimpleNamespace(quantize=_quantize.quantize, forward=_attention.forward, backward=_attention.backward)
+impl = types.SimpleNamespace(quantize=_quantize.quantize, forward=_attention.forward, backward=_attention.backward,
+                             quantize_forward=_attention.quantize_forward)

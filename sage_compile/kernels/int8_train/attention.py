@@ -31,7 +31,7 @@ from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it 
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
-from .quantize import BLOCK_KV, BLOCK_Q, dequant_16, tokens_last
+from .quantize import BLOCK_KV, BLOCK_Q, quantize_vt, store_tokens_last, tokens_last
 
 LOG2E = 1.4426950408889634
 _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
@@ -183,26 +183,86 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh
 
 
 @triton.jit
-def _bwd_pre(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, sob, soh, son, sdb, sdh, sdn, HQ, LQ, D: tl.constexpr, NQB,
-             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """delta = rowsum(dO∘O); dO as 16-bit HND (the dP operand) and ψ(dO) per 128-row block, stored
-    transposed (B, H, D, N): the K-major operand of dV = ψ(P)ᵀ·ψ(dO); the LSE in log2 units as the CUDA
-    kernels read it (:func:`_lse2`; the Triton kernels take it from the LSE themselves)."""
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
-    b, h = bh // HQ, bh % HQ
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS, V16, sob, soh, son, sdb, sdh, sdn,
+              BHQ, BHKV, HQ, LQ, LK, D: tl.constexpr, NQB, NKB, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+              V_BLOCK: tl.constexpr, RNE_BF16: tl.constexpr, EMULATE: tl.constexpr):
+    """What the backward's kernels read besides the forward's operands, in one launch. Program (j, blk), j < BHQ,
+    of the 128-row block ``blk`` of (batch x query head) j: delta = rowsum(dO∘O); dO as 16-bit HND (the dP
+    operand) and ψ(dO) per 128-row block, stored transposed (B, H, D, N): the K-major operand of
+    dV = ψ(P)ᵀ·ψ(dO); the LSE in log2 units as the CUDA kernels read it (:func:`_lse2`; the Triton kernels take it
+    from the LSE themselves). BHQ <= j < 2 BHQ: that block of q̂ transposed (the K-major operand of
+    dK = ψ(dS)ᵀ·Q̂). Then per V_BLOCK keys (V's scale block) of a (batch x kv head): k̂ transposed (of
+    dQ = ψ(dS)·K̂), and in the last BHKV rows of programs V̂ dequantized to the 16-bit type (the dP operand, as the
+    reference: each value times its block's scale, rounded once; ``RNE_BF16``: to bf16's bits by hand first, for
+    the interpreter, whose cast to bf16 truncates)."""
+    j, blk = tl.program_id(0), tl.program_id(1)
+    offs = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
-    inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * son + rd[None, :], mask=inb, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdn + rd[None, :], mask=inb, other=0.0)
-    do16 = do.to(DO16.dtype.element_ty)
-    dof = do.to(tl.float32)
-    tl.store(DELTA + bh * LQ + offs_m, tl.sum(dof * o, axis=1), mask=offs_m < LQ)
-    tl.store(LSE2 + bh * LQ + offs_m, _lse2(tl.load(LSE + bh * LQ + offs_m, mask=offs_m < LQ)), mask=offs_m < LQ)
-    tl.store(DO16 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], do16, mask=inb)
-    d8, sdo = _psi(dof, EMULATE)
-    tl.store(DO8T + (bh * D + rd[None, :]) * LQ + offs_m[:, None], d8, mask=inb)
-    tl.store(SDO + bh * NQB + pid_m, sdo)
+    if j < BHQ:
+        if blk < NQB:
+            bh = j.to(tl.int64)  # (64-bit offsets: B*H*N*D may pass 2^31)
+            b, h = bh // HQ, bh % HQ
+            inb = _tile_mask(offs, LQ, rd, D, BLOCK_D)
+            o = tl.load(O + b * sob + h * soh + offs[:, None] * son + rd[None, :], mask=inb, other=0.0).to(tl.float32)
+            do = tl.load(DO + b * sdb + h * sdh + offs[:, None] * sdn + rd[None, :], mask=inb, other=0.0)
+            dof = do.to(tl.float32)
+            tl.store(DELTA + bh * LQ + offs, tl.sum(dof * o, axis=1), mask=offs < LQ)
+            tl.store(LSE2 + bh * LQ + offs, _lse2(tl.load(LSE + bh * LQ + offs, mask=offs < LQ)), mask=offs < LQ)
+            tl.store(DO16 + (bh * LQ + offs[:, None]) * D + rd[None, :], do.to(DO16.dtype.element_ty), mask=inb)
+            d8, sdo = _psi(dof, EMULATE)
+            store_tokens_last(DO8T + bh * D * LQ, d8, offs, rd, LQ, inb)
+            tl.store(SDO + bh * NQB + blk, sdo)
+    elif j < 2 * BHQ:
+        if blk < NQB:
+            bh = (j - BHQ).to(tl.int64)
+            inb = _tile_mask(offs, LQ, rd, D, BLOCK_D)
+            q8 = tl.load(Q8 + (bh * LQ + offs[:, None]) * D + rd[None, :], mask=inb)
+            store_tokens_last(Q8T + bh * D * LQ, q8, offs, rd, LQ, inb)
+    elif j < 2 * BHQ + BHKV:
+        if blk * V_BLOCK < LK:
+            bh = (j - 2 * BHQ).to(tl.int64)
+            rk = blk * V_BLOCK + tl.arange(0, V_BLOCK)
+            inb = _tile_mask(rk, LK, rd, D, BLOCK_D)
+            k8 = tl.load(K8 + (bh * LK + rk[:, None]) * D + rd[None, :], mask=inb)
+            store_tokens_last(K8T + bh * D * LK, k8, rk, rd, LK, inb)
+    else:
+        if blk * V_BLOCK < LK:
+            bh = (j - 2 * BHQ - BHKV).to(tl.int64)
+            rk = blk * V_BLOCK + tl.arange(0, V_BLOCK)
+            inb = _tile_mask(rk, LK, rd, D, BLOCK_D)
+            off = (bh * LK + rk[:, None]) * D + rd[None, :]
+            v = tl.load(V8 + off, mask=inb, other=0).to(tl.float32) * tl.load(VS + bh * NKB + blk)
+            if RNE_BF16:
+                bits = v.to(tl.int32, bitcast=True)
+                v = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+            tl.store(V16 + off, v.to(V16.dtype.element_ty), mask=inb)
+
+
+def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> dict:
+    """The backward's derived operands (:func:`_bwd_prep`, one launch) of contiguous HND ``q8``, ``k8``, ``v8``
+    (INT8 (B, H, N, D)), ``vs`` (V's 64-key block scales), O and dO in ``layout``, the LSE (B, Hq, Nq): ``delta``,
+    ``lse2`` (B, Hq, Nq) fp32, ``do16`` (B, Hq, Nq, D) in ``dtype16``, ``do8t`` (B, Hq, D, Nq) int8 with ``sdo``
+    (B, Hq, ceil(Nq/128)) fp32, ``q8t`` (B, Hq, D, Nq), ``k8t`` (B, Hkv, D, Nk) int8 and ``v16`` (B, Hkv, Nk, D) in
+    ``dtype16``."""
+    b, hq, lq, d = q8.shape
+    hkv, lk = k8.shape[1], k8.shape[2]
+    dev, i8, f32 = q8.device, torch.int8, torch.float32
+    nqb = triton.cdiv(lq, BLOCK_Q)
+    r = dict(delta=torch.empty((b, hq, lq), dtype=f32, device=dev), lse2=torch.empty((b, hq, lq), dtype=f32, device=dev),
+             do16=torch.empty((b, hq, lq, d), dtype=dtype16, device=dev),
+             do8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), sdo=torch.empty((b, hq, nqb), dtype=f32, device=dev),
+             q8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), k8t=torch.empty((b, hkv, d, lk), dtype=i8, device=dev),
+             v16=torch.empty((b, hkv, lk, d), dtype=dtype16, device=dev))
+    # (each part in programs of its own: sharing programs, the parts' registers added up and hd128 spilled
+    # kilobytes offline)
+    grid = (b * (2 * hq + 2 * hkv), max(nqb, vs.shape[-1]))
+    if grid[0] and grid[1]:
+        _bwd_prep[grid](o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
+                        v8, vs, r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d,
+                        nqb, vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                        V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8,
+                        num_warps=8)
+    return r
 
 
 @triton.jit
@@ -493,10 +553,11 @@ def _check(d):
 
 
 def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype,
-            attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None):
+            attn_mask: Optional[torch.Tensor] = None, config: Optional[dict] = None, v8t: Optional[torch.Tensor] = None):
     """Same contract as :func:`sage_compile.reference.int8_train.forward` (inputs from ``quantize``):
     ``(O (B, Hq, Nq, D) in layout / out_dtype, LSE fp32 (B, Hq, Nq))``. ``config`` (``BLOCK_M``,
-    ``num_warps``, ``num_stages``) bypasses autotuning."""
+    ``num_warps``, ``num_stages``) bypasses autotuning. ``v8t``: V̂ transposed (B, Hkv, D, Nk) where the prologue
+    wrote it (:func:`sage_compile.kernels.int8_train.quantize.quantize_vt`), else made here."""
     q8, qs, k8, ks, v8, vs = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs))  # the index math assumes it
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
@@ -509,7 +570,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
         return out, lse
     gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
-    v8t = tokens_last(v8)
+    v8t = tokens_last(v8) if v8t is None else v8t
     for mask, kind, ms, rule, want in variants:
         if _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
             from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
@@ -526,6 +587,14 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
         else:
             _fwd_tuned[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out, lse
+
+
+def quantize_forward(q, k, v, attn_mask, causal: str, scale: Optional[float], layout: str):
+    """Same contract as :func:`sage_compile.reference.int8_train.quantize_forward`: ``(O, LSE, quantize's tuple)``;
+    the prologue also writes V̂ transposed for the forward (one launch fewer, one pass over V̂ fewer)."""
+    qt, v8t = quantize_vt(q, k, v, layout)
+    o, lse = forward(*qt[:6], causal, scale, layout, q.dtype, attn_mask=attn_mask, v8t=v8t)
+    return o, lse, qt
 
 
 def _or_dummy(gate, dummy):
@@ -556,23 +625,14 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     if lq == 0 or lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
 
-    delta = torch.empty((b, hq, lq), dtype=torch.float32, device=dev)
-    do16 = torch.empty((b, hq, lq, d), dtype=_DT16[in_dtype], device=dev)
-    do8t = torch.empty((b, hq, d, lq), dtype=torch.int8, device=dev)
-    sdo = torch.empty((b, hq, nqb), dtype=torch.float32, device=dev)
-    lse2 = torch.empty_like(delta)  # (the CUDA kernels')
-    _bwd_pre[(nqb, b * hq)](o, do, lse, delta, do16, do8t, sdo, lse2, *bhn_strides(o, layout),
-                            *bhn_strides(do, layout), hq, lq, d, nqb,
-                            BLOCK_M=BLOCK_Q, BLOCK_D=bd, EMULATE=EMULATE_FP8, num_warps=8)
+    p = bwd_prep(q8, k8, v8, vs, o, lse, do, layout, _DT16[in_dtype])
+    delta, lse2, do16, do8t, sdo, q8t, k8t, v16 = (p[n] for n in ("delta", "lse2", "do16", "do8t", "sdo", "q8t", "k8t",
+                                                                 "v16"))
     gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     split = psi == "split"
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
-    # K-major copies of the B operands of dK = ψ(dS)ᵀ·Q̂ and dQ = ψ(dS)·K̂ (tokens contiguous)
-    q8t, k8t = tokens_last(q8), tokens_last(k8)
-    # V̂ dequantized once to the 16-bit type (the dP operand, as the reference): the kernels load it
-    v16 = dequant_16(v8, vs, BLOCK_KV, do16.dtype)
     for mask, kind, ms, rule, want in variants:
         if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)

@@ -148,7 +148,7 @@ def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal:
     """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
     token) strides, channel stride 1, in ``v16``'s dtype). Operands as :func:`sage_compile.kernels.int8_train.
     attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse2`` (B, Hq, Lq) the LSE in
-    log2 units, +inf for rows without keys (P = exp2(z - lse2) is 0 there without a test; ``_bwd_pre`` writes it);
+    log2 units, +inf for rows without keys (P = exp2(z - lse2) is 0 there without a test; ``_bwd_prep`` writes it);
     ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks); ``gate``, ``want`` as
     :func:`forward`'s."""
     mod = load() if module is None else module

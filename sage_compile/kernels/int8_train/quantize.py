@@ -14,18 +14,29 @@ import triton.language as tl
 
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, recip
-from ..int8_fp8.quantize import _max_nan, _token_tile, int8_values, k_mean
+from ..int8_fp8.quantize import _max_nan, int8_values, k_mean, token_tile_at
 
 BLOCK_Q, BLOCK_KV = 128, 64
+_BQ, _BKV = tl.constexpr(BLOCK_Q), tl.constexpr(BLOCK_KV)  # (inside kernels)
 
 
 @triton.jit
-def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
-                      HAS_MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """INT8 of one (BLOCK_N tokens x D) block of x (minus the per-(b, h) channel mean): scale = amax / 127.
-    The quotients through the scale's reciprocal (:func:`div_by`, exact for scales in its range; IEEE divisions
-    for any other scale, NaN and inf included: the same bits either way)."""
-    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+def store_tokens_last(YT, x, rn, rd, N, inb):
+    """Tile ``x`` (tokens ``rn`` x channels ``rd``, in bounds where ``inb``) into YT, one (batch x head)'s (D, N)
+    tokens-contiguous matrix, through an explicit transpose (a store through transposed pointers compiled to
+    255 registers and spills offline at 128 x 128; ``tl.trans`` goes through shared memory: 56 to 128)."""
+    tl.store(YT + rd[:, None] * N + rn[None, :], tl.trans(x), mask=tl.trans(inb))
+
+
+@triton.jit
+def _quant_tile(X, MEAN, Y, YT, S, bh, blk, sxb, sxh, sxn, sxd, H, N, D, NBLK, HAS_MEAN: tl.constexpr,
+                TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
+    """INT8 of token block ``blk`` (BLOCK_N tokens x D) of (batch x head) ``bh`` of x (minus the per-(b, h) channel
+    mean): scale = amax / 127; with ``TRANSPOSED`` the values also into YT (B*H, D, N), tokens contiguous. The
+    quotients through the scale's reciprocal (:func:`div_by`, exact for scales in its range; IEEE divisions for
+    any other scale, NaN and inf included: the same bits either way)."""
+    x, bh, b, h, rn, rd, inb = token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    bh = bh.to(tl.int64)  # (64-bit offsets: B*H*N*D may pass 2^31)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
@@ -37,20 +48,31 @@ def _quant_block_int8(X, MEAN, Y, S, sxb, sxh, sxn, sxd, H, N, D, NBLK,
     else:
         y = int8_values(x, tl.full(x.shape, 1.0, tl.float32) * scale, EMULATE)
     tl.store(Y + bh * N * D + rn[:, None] * D + rd[None, :], y, mask=inb)
-    tl.store(S + bh * NBLK + tl.program_id(0), scale)
+    if TRANSPOSED:
+        store_tokens_last(YT + bh * D * N, y, rn, rd, N, inb)
+    tl.store(S + bh * NBLK + blk, scale)
 
 
-def quant_blocks_int8(x_hnd: torch.Tensor, block: int, mean: torch.Tensor | None = None):
-    """Per-block INT8 of ``x - mean`` (B, H, N, D) (any strides) -> (int8 (B,H,N,D), fp32 (B,H,ceil(N/block)))."""
-    b, h, n, d = x_hnd.shape
-    nblk = triton.cdiv(n, block)
-    y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
-    s = torch.empty((b, h, nblk), dtype=torch.float32, device=x_hnd.device)
-    block_d = max(16, triton.next_power_of_2(d))
-    _quant_block_int8[(nblk, b * h)](x_hnd, mean if mean is not None else s, y, s, *x_hnd.stride(), h, n, d, nblk,
-                                     HAS_MEAN=mean is not None, BLOCK_N=block, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
-                                     num_warps=8 if block * block_d >= 8192 else 4)
-    return y, s
+@triton.jit
+def _quant_qkv(Q, K, V, MEAN, Q8, K8, V8, V8T, QS, KS, VS, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+               HQ, HKV, BHQ, BHKV, NQ, NK, D, NQB, NKB, V_TRANSPOSED: tl.constexpr, BLOCK_D: tl.constexpr,
+               EMULATE: tl.constexpr):
+    """The whole prologue after K's mean in one launch: program (j, blk) quantizes Q's 128-token block ``blk`` of
+    (batch x head) j (j < BHQ), K's 64-token block (minus the mean) or V's (then also V̂ transposed, the forward's
+    K-major P·V operand, with ``V_TRANSPOSED``); blocks past a tensor's end do nothing."""
+    j, blk = tl.program_id(0), tl.program_id(1)
+    if j < BHQ:
+        if blk < NQB:
+            _quant_tile(Q, MEAN, Q8, Q8, QS, j, blk, sqb, sqh, sqn, sqd, HQ, NQ, D, NQB, False, False, _BQ, BLOCK_D,
+                        EMULATE)
+    elif j < BHQ + BHKV:
+        if blk < NKB:
+            _quant_tile(K, MEAN, K8, K8, KS, j - BHQ, blk, skb, skh, skn, skd, HKV, NK, D, NKB, True, False, _BKV,
+                        BLOCK_D, EMULATE)
+    else:
+        if blk < NKB:
+            _quant_tile(V, MEAN, V8, V8T, VS, j - BHQ - BHKV, blk, svb, svh, svn, svd, HKV, NK, D, NKB, False,
+                        V_TRANSPOSED, _BKV, BLOCK_D, EMULATE)
 
 
 @triton.jit
@@ -61,7 +83,7 @@ def _tokens_last(X, Y, N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.co
     rd = tl.arange(0, BLOCK_D)
     m = (rn[:, None] < N) & (rd[None, :] < D)
     x = tl.load(X + (bh * N + rn[:, None]) * D + rd[None, :], mask=m)
-    tl.store(Y + (bh * D + rd[None, :]) * N + rn[:, None], x, mask=m)
+    store_tokens_last(Y + bh * D * N, x, rn, rd, N, m)
 
 
 def tokens_last(x: torch.Tensor) -> torch.Tensor:
@@ -78,45 +100,29 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-@triton.jit
-def _dequant_16(X, S, Y, N, NBLK, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                RNE_BF16: tl.constexpr):
-    """One scale block (BLOCK_N tokens x D) of head bh of X (B*H, N, D) int8: the values times the block's scale
-    (fp32), rounded once to Y's 16-bit type (to nearest even; RNE_BF16: by hand to bf16's bits first, for the
-    interpreter, whose cast to bf16 truncates)."""
-    pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rd = tl.arange(0, BLOCK_D)
-    m = (rn[:, None] < N) & (rd[None, :] < D)
-    off = (bh * N + rn[:, None]) * D + rd[None, :]
-    x = tl.load(X + off, mask=m, other=0).to(tl.float32)
-    y = x * tl.load(S + bh * NBLK + pid)
-    if RNE_BF16:
-        b = y.to(tl.int32, bitcast=True)
-        y = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    tl.store(Y + off, y.to(Y.dtype.element_ty), mask=m)
-
-
-def dequant_16(x8: torch.Tensor, scale: torch.Tensor, block: int, dtype: torch.dtype) -> torch.Tensor:
-    """``x8`` (B, H, N, D) int8 with one fp32 scale per ``block`` tokens (B, H, ceil(N/block)) as (B, H, N, D) in
-    the 16-bit ``dtype``: the bits of ``dequant_int8(x8, scale, block).to(dtype)`` in one pass (torch's takes four
-    element-wise kernels and an fp32 copy; the backward's V̂ for dP = dO·V̂^T)."""
-    x8, scale = x8.contiguous(), scale.contiguous()
-    b, h, n, d = x8.shape
-    y = torch.empty((b, h, n, d), dtype=dtype, device=x8.device)
-    if x8.numel():
-        _dequant_16[(triton.cdiv(n, block), b * h)](x8, scale, y, n, scale.shape[-1], d, BLOCK_N=block,
-                                                    BLOCK_D=max(16, triton.next_power_of_2(d)),
-                                                    RNE_BF16=EMULATE_FP8 and dtype == torch.bfloat16, num_warps=4)
-    return y
-
-
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
     """Same contract as :func:`sage_compile.reference.int8_train.quantize`: ``(q8, qs, k8, ks, v8, vs,
     k_mean (B,Hkv,1,D))``; inputs are never modified (NHD is read in place through strides)."""
+    return quantize_vt(q, k, v, layout, False)[0]
+
+
+def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", v_transposed: bool = True):
+    """:func:`quantize`'s tuple and V̂ transposed (B, Hkv, D, Nk) (None without ``v_transposed``): K's mean
+    (two launches, :func:`k_mean`), then Q, K, V and V̂ᵀ in one launch (:func:`_quant_qkv`)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     mean = k_mean(k).contiguous()
-    q8, qs = quant_blocks_int8(q, BLOCK_Q)
-    k8, ks = quant_blocks_int8(k, BLOCK_KV, mean)
-    v8, vs = quant_blocks_int8(v, BLOCK_KV)
-    return q8, qs, k8, ks, v8, vs, mean[:, :, None, :]
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    nqb, nkb = triton.cdiv(nq, BLOCK_Q), triton.cdiv(nk, BLOCK_KV)
+    f32, i8, dev = torch.float32, torch.int8, q.device
+    q8, k8, v8 = (torch.empty(t.shape, dtype=i8, device=dev) for t in (q, k, v))
+    qs = torch.empty((b, hq, nqb), dtype=f32, device=dev)
+    ks, vs = (torch.empty((b, hkv, nkb), dtype=f32, device=dev) for _ in range(2))
+    v8t = torch.empty((b, hkv, d, nk), dtype=i8, device=dev) if v_transposed else None
+    if q.numel() or k.numel():
+        bd = max(16, triton.next_power_of_2(d))
+        _quant_qkv[(b * hq + 2 * b * hkv, max(nqb, nkb))](
+            q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
+            hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb, V_TRANSPOSED=v_transposed, BLOCK_D=bd, EMULATE=EMULATE_FP8,
+            num_warps=8 if BLOCK_Q * bd >= 8192 else 4)
+    return (q8, qs, k8, ks, v8, vs, mean[:, :, None, :]), v8t
