@@ -253,8 +253,9 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
              do8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), sdo=torch.empty((b, hq, nqb), dtype=f32, device=dev),
              q8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), k8t=torch.empty((b, hkv, d, lk), dtype=i8, device=dev),
              v16=torch.empty((b, hkv, lk, d), dtype=dtype16, device=dev))
-    # (each part in programs of its own: sharing programs, the parts' registers added up and hd128 spilled
-    # kilobytes offline)
+    # each part in programs of its own: offline for sm_90a at hd128 (this machine's Triton, ptxas 13.0), dO's part and
+    # the transposes in the same programs spilled ~1 KB, V̂'s 128-key tiles ~0.7 KB more; now 428 bytes, where the
+    # old dO-only kernel spilled 172 (not yet timed on a GPU)
     grid = (b * (2 * hq + 2 * hkv), max(nqb, vs.shape[-1]))
     if grid[0] and grid[1]:
         _bwd_prep[grid](o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
