@@ -31,7 +31,7 @@ from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it 
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
-from .quantize import BLOCK_KV, BLOCK_Q, quantize_vt, store_tokens_last, tokens_last
+from .quantize import BLOCK_KV, BLOCK_Q, copy_tokens_last, quantize_vt, store_tokens_last, tokens_last
 
 LOG2E = 1.4426950408889634
 _DT16 = {torch.float32: torch.bfloat16, torch.bfloat16: torch.bfloat16, torch.float16: torch.float16}
@@ -216,15 +216,13 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
         if blk < NQB:
             bh = (j - BHQ).to(tl.int64)
             inb = _tile_mask(offs, LQ, rd, D, BLOCK_D)
-            q8 = tl.load(Q8 + (bh * LQ + offs[:, None]) * D + rd[None, :], mask=inb)
-            store_tokens_last(Q8T + bh * D * LQ, q8, offs, rd, LQ, inb)
+            copy_tokens_last(Q8, Q8T, bh, offs, rd, LQ, D, inb)
     elif j < 2 * BHQ + BHKV:
         if blk * V_BLOCK < LK:
             bh = (j - 2 * BHQ).to(tl.int64)
             rk = blk * V_BLOCK + tl.arange(0, V_BLOCK)
             inb = _tile_mask(rk, LK, rd, D, BLOCK_D)
-            k8 = tl.load(K8 + (bh * LK + rk[:, None]) * D + rd[None, :], mask=inb)
-            store_tokens_last(K8T + bh * D * LK, k8, rk, rd, LK, inb)
+            copy_tokens_last(K8, K8T, bh, rk, rd, LK, D, inb)
     else:
         if blk * V_BLOCK < LK:
             bh = (j - 2 * BHQ - BHKV).to(tl.int64)

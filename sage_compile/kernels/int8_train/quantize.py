@@ -30,6 +30,14 @@ def store_tokens_last(YT, x, rn, rd, N, inb):
 
 
 @triton.jit
+def copy_tokens_last(X, XT, bh, rn, rd, N, D, inb):
+    """Tokens ``rn`` x channels ``rd`` of (batch x head) ``bh`` of X (B*H, N, D), contiguous, into XT (B*H, D, N)
+    (:func:`store_tokens_last`)."""
+    x = tl.load(X + (bh * N + rn[:, None]) * D + rd[None, :], mask=inb)
+    store_tokens_last(XT + bh * D * N, x, rn, rd, N, inb)
+
+
+@triton.jit
 def _quant_tile(X, MEAN, Y, YT, S, bh, blk, sxb, sxh, sxn, sxd, H, N, D, NBLK, HAS_MEAN: tl.constexpr,
                 TRANSPOSED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """INT8 of token block ``blk`` (BLOCK_N tokens x D) of (batch x head) ``bh`` of x (minus the per-(b, h) channel
@@ -83,8 +91,7 @@ def _tokens_last(X, Y, N, D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.co
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     m = (rn[:, None] < N) & (rd[None, :] < D)
-    x = tl.load(X + (bh * N + rn[:, None]) * D + rd[None, :], mask=m)
-    store_tokens_last(Y + bh * D * N, x, rn, rd, N, m)
+    copy_tokens_last(X, Y, bh, rn, rd, N, D, m)
 
 
 def tokens_last(x: torch.Tensor) -> torch.Tensor:
