@@ -129,6 +129,18 @@ def e2m1_f16(code):
 CAUSAL_CODES = {"none": 0, "top_left": 1, "bottom_right": 2}
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for the host side of a launch (``triton.cdiv`` is a constexpr function in recent Tritons:
+    a few microseconds a call through its wrapper, ~10 calls a training site-step)."""
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for 0): ``triton.next_power_of_2`` without its wrapper
+    (see :func:`cdiv`)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def output_and_mask(b, hq, lq, lk, d_out, layout, out_dtype, attn_mask, device, dummy):
     """Allocate the output in ``layout`` and describe the mask for a kernel launch.
 

@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from ...reference.fp4 import q_block_of
-from .._common import (CAUSAL_CODES, EMULATE_FP8, e2m1_code, e2m1_f16, output_and_mask, round_e2m1, round_e2m1_pos,
-                       to_e4m3)
+from .._common import (CAUSAL_CODES, EMULATE_FP8, cdiv, e2m1_code, e2m1_f16, output_and_mask, pow2, round_e2m1,
+                       round_e2m1_pos, to_e4m3)
 
 LOG2E = 1.4426950408889634
 P_OFF = math.log2(448.0 * 6.0)
@@ -217,7 +217,7 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Ten
     vbar = vbar.float().contiguous()
     out, (sob, soh, son), mask, kind, ms = output_and_mask(b, hq, lq, lk, head_dim, layout, out_dtype, attn_mask,
                                                            qp.device, ds)
-    block_d = max(16, triton.next_power_of_2(dp))
+    block_d = max(16, pow2(dp))
     args = (qp, qsc, kp, ksc, vp, vsc, ds, vbar, mask, out, c, hq, hq // hkv, lq, lk, dp, head_dim, nk16, ds.shape[2],
             *ms, sob, soh, son)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, P_ROUNDED=p_scale == "rounded", BLOCK_N=BLOCK_N,
@@ -225,8 +225,8 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Ten
                 NATIVE=NATIVE_FP4 if native is None else native)
     if config is not None:
         bm = config["BLOCK_M"]
-        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
+        _fwd_body[(cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
                                                  num_stages=config.get("num_stages", 2))
     else:
-        _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+        _fwd[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ...reference import fp4 as _ref
-from .._common import EMULATE_FP8, e2m1_code, round_e2m1, to_e4m3
+from .._common import EMULATE_FP8, cdiv, e2m1_code, pow2, round_e2m1, to_e4m3
 
 
 @triton.jit
@@ -78,9 +78,9 @@ def quant_nvfp4(x: torch.Tensor, search: bool = False):
     rows = xv.shape[0]
     y = torch.empty((*lead, L // 2), dtype=torch.uint8, device=x.device)
     s = torch.empty((*lead, L // 16), dtype=torch.float8_e4m3fn, device=x.device)
-    block_l = min(128, triton.next_power_of_2(L))
+    block_l = min(128, pow2(L))
     block_r = max(1, (1024 if search else 4096) // block_l)
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(L, block_l))
+    grid = (cdiv(rows, block_r), cdiv(L, block_l))
     _quant_nvfp4_rows[grid](xv, y, s, rows, L, BLOCK_R=block_r, BLOCK_L=block_l, EMULATE=EMULATE_FP8, SEARCH=search)
     return y, s
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ...config import int8_fp8_core
-from .._common import CAUSAL_CODES, EMULATE_FP8, output_and_mask, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, cdiv, output_and_mask, pow2, to_e4m3
 from . import cuda
 
 log = logging.getLogger("sage_compile")
@@ -254,7 +254,7 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
         rows, coff, bq, bk, chunk = 1, lk - 1, 1, 2048, CHECK_KEYS[1]
     else:
         rows, coff, bq, bk, chunk = lq, lk - lq, 32, 256, CHECK_KEYS[0]
-    _mask_mismatch[(triton.cdiv(rows, bq), b, triton.cdiv(lk, chunk))](
+    _mask_mismatch[(cdiv(rows, bq), b, cdiv(lk, chunk))](
         mask, krange, bad, flag, mask.stride(0), mask.stride(2), mask.stride(3), rows, lk, coff, chunk,
         BLOCK_Q=bq, BLOCK_K=bk)
     return flag, krange
@@ -289,7 +289,7 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
     if kind == 1 and detect_mask and causal == "none" and ms[1] == 0 and lq > 0 and lk > 0:
         flag, krange = mask_structure(mask, lq, lk)
         kind = 3
-    block_d = max(32, triton.next_power_of_2(d))
+    block_d = max(32, pow2(d))
     args = (q8, qs, k8, ks, v8, vs, mask, flag, krange, out, c, q8.stride(0), q8.stride(1), k8.stride(0),
             k8.stride(1), v8.stride(0), v8.stride(1), v8.stride(2), *ms, sob, soh, son, hq, hq // hkv, lq, lk, d)
     meta = dict(CAUSAL=CAUSAL_CODES[causal], MASK_KIND=kind, BLOCK_D=block_d, P_OFF=LOG2_448, EMULATE=EMULATE_FP8,
@@ -299,13 +299,13 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
         bm = cfg["BLOCK_M"]
         tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
         tune.update({k: v for k, v in cfg.items() if k != "BLOCK_M"})
-        _fwd_body[(triton.cdiv(lq, bm), b * hq)](*args, **{**meta, **over}, BLOCK_M=bm, **tune)
+        _fwd_body[(cdiv(lq, bm), b * hq)](*args, **{**meta, **over}, BLOCK_M=bm, **tune)
 
     def run_triton():
         if config is not None:
             run_body(config)
         else:
-            _fwd[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+            _fwd[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
         return out
 
     # any mask but mask_structure's (flag 0): the Triton core reading it, one fixed configuration (no

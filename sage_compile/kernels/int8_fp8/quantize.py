@@ -30,7 +30,7 @@ import triton.language as tl
 from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, or_sign, recip, rne, to_e4m3
+from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, or_sign, pow2, recip, rne, to_e4m3
 
 
 @triton.jit
@@ -285,7 +285,7 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
 
 
 def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, pow2(d))
 
 
 def _or(t: Optional[torch.Tensor], buf: torch.Tensor) -> torch.Tensor:
@@ -307,7 +307,7 @@ def chan_stats(*specs):
     for x, do_sum, range_mode in specs:
         b, h, n, d = x.shape
         chunk = stats_chunk(n)
-        nsplit = max(1, triton.cdiv(n, chunk))
+        nsplit = max(1, cdiv(n, chunk))
         e = lambda: torch.empty((b * h, nsplit, d), dtype=torch.float32, device=x.device)  # noqa: E731
         sm = e() if do_sum else None
         lo = e() if range_mode == 1 else None
@@ -363,7 +363,7 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
 
 
 def _grid_rows(n, bh, block):
-    return (triton.cdiv(n, block), bh)
+    return (cdiv(n, block), bh)
 
 
 def k_mean(k_hnd: torch.Tensor) -> torch.Tensor:

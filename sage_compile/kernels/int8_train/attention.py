@@ -30,7 +30,7 @@ import triton.language as tl
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
-from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, mask_view, rne
+from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, cdiv, mask_view, pow2, rne
 from .quantize import BLOCK_KV, BLOCK_Q, copy_tokens_last, quantize_vt, store_tokens_last, tokens_last
 
 LOG2E = 1.4426950408889634
@@ -245,7 +245,7 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     dev, i8, f32 = q8.device, torch.int8, torch.float32
-    nqb = triton.cdiv(lq, BLOCK_Q)
+    nqb = cdiv(lq, BLOCK_Q)
     r = dict(delta=torch.empty((b, hq, lq), dtype=f32, device=dev), lse2=torch.empty((b, hq, lq), dtype=f32, device=dev),
              do16=torch.empty((b, hq, lq, d), dtype=dtype16, device=dev),
              do8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), sdo=torch.empty((b, hq, nqb), dtype=f32, device=dev),
@@ -258,7 +258,7 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
     if grid[0] and grid[1]:
         _bwd_prep[grid](o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
                         v8, vs, r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d,
-                        nqb, vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, triton.next_power_of_2(d)),
+                        nqb, vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)),
                         V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8,
                         num_warps=8)
     return r
@@ -515,7 +515,7 @@ def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
 
         flag, krange = mask_structure(mask, lq, lk)
         gate = torch.empty(1, dtype=torch.int32, device=mask.device)
-        _gate[(1,)](flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, triton.next_power_of_2(b))))
+        _gate[(1,)](flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
         none = (dummy, 0, (0, 0, 0, 0))
         variants = [(mask, kind, strides, "none", 0), (*none, "none", 2)]
         if strides[2] != 0:  # (a mask constant along the queries has flag 0 or 2)
@@ -579,12 +579,12 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
         args = (q8, qs, k8, ks, v8t, vs, mask, _or_dummy(gate, qs), want, out, lse, c, *ms, sob, soh, son,
                 hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
         meta = dict(CAUSAL=CAUSAL_CODES[rule], MASK_KIND=kind, GATED=gate is not None, BLOCK_N=BLOCK_KV,
-                    BLOCK_D=max(16, triton.next_power_of_2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
+                    BLOCK_D=max(16, pow2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
         if config is not None or EMULATE_FP8 or gate is not None:  # (no autotuning of a launch that may do nothing)
             cfg = dict(_FWD_DEFAULT, **(config or {}))
-            _fwd_kernel[(triton.cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
+            _fwd_kernel[(cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
         else:
-            _fwd_tuned[lambda m: (triton.cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+            _fwd_tuned[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out, lse
 
 
@@ -616,7 +616,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     dev = q8.device
     sm = 1.0 / math.sqrt(d) if scale is None else float(scale)
     c = sm * LOG2E
-    bd = max(16, triton.next_power_of_2(d))
+    bd = max(16, pow2(d))
     nqb, nkb = qs.shape[-1], ks.shape[-1]
     dq = torch.empty(o.shape, dtype=in_dtype, device=dev)
     dk = torch.empty(out_shape(b, hkv, lk, d, layout), dtype=in_dtype, device=dev)
@@ -657,17 +657,17 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
             cfg.pop("BLOCK_N", None)
             if split:
                 for part in _dkdv_parts(d):
-                    _bwd_dkdv_split[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part,
+                    _bwd_dkdv_split[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part,
                                                                      **cfg)
             else:
-                _bwd_dkdv[(triton.cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
+                _bwd_dkdv[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
             _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
         elif split:
             for part in _dkdv_parts(d):
-                _dkdv_split_tuned[lambda m: (triton.cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta,
+                _dkdv_split_tuned[lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta,
                                                                                      PART=part)
             _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
         else:
-            _dkdv_tuned[(triton.cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
+            _dkdv_tuned[(cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
             _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
     return dq, dk, dv

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, div_by, fast_div_ok, int8_bits, recip
+from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, pow2, recip
 from ..int8_fp8.quantize import _max_nan, int8_values, k_mean, token_tile_at
 
 BLOCK_Q, BLOCK_KV = 128, 64
@@ -103,7 +103,7 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     b, h, n, d = x.shape
     y = torch.empty((b, h, d, n), dtype=x.dtype, device=x.device)
     if x.numel():
-        _tokens_last[(triton.cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        _tokens_last[(cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, pow2(d)),
                                                    num_warps=4)
     return y
 
@@ -121,14 +121,14 @@ def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str =
     mean = k_mean(k).contiguous()
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    nqb, nkb = triton.cdiv(nq, BLOCK_Q), triton.cdiv(nk, BLOCK_KV)
+    nqb, nkb = cdiv(nq, BLOCK_Q), cdiv(nk, BLOCK_KV)
     f32, i8, dev = torch.float32, torch.int8, q.device
     q8, k8, v8 = (torch.empty(t.shape, dtype=i8, device=dev) for t in (q, k, v))
     qs = torch.empty((b, hq, nqb), dtype=f32, device=dev)
     ks, vs = (torch.empty((b, hkv, nkb), dtype=f32, device=dev) for _ in range(2))
     v8t = torch.empty((b, hkv, d, nk), dtype=i8, device=dev) if v_transposed else None
     if q.numel() or k.numel():
-        bd = max(16, triton.next_power_of_2(d))
+        bd = max(16, pow2(d))
         _quant_qkv[(b * hq + 2 * b * hkv, max(nqb, nkb))](
             q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
             hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb, V_TRANSPOSED=v_transposed, BLOCK_D=bd, EMULATE=EMULATE_FP8,
