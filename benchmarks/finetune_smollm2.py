@@ -20,11 +20,11 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 import smollm2  # noqa: E402
 from bench_attention import _commit  # noqa: E402
+from train_step import train_step  # noqa: E402
 
 
 def batches(tok, steps, batch, seq, seed=0):
@@ -64,14 +64,7 @@ def train(variant, data, steps, lr, device):
         x = data[step].to(device)
         _sync(device)
         t0 = time.perf_counter()
-        with torch.autocast(device, torch.bfloat16):
-            logits = cm(input_ids=x[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(cm, model, opt, x, device, sched)
         _sync(device)
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())

@@ -52,16 +52,25 @@ def stepper(variant: str, m, device: str, mask: bool, mode=None):
 
     def step(ids):
         kw = dict(attention_mask=torch.ones_like(ids[:, :-1])) if mask else {}
-        with torch.autocast(device, torch.bfloat16):
-            logits = cm(input_ids=ids[:, :-1], **kw).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+        return train_step(cm, m, opt, ids, device, **kw)
 
     return step
+
+
+def train_step(cm, m, opt, ids, device: str, sched=None, **model_kw):
+    """One step of next-token training of ``m`` (run through ``cm``, its compiled form) on ``ids`` (B, N + 1): bf16
+    autocast, fp32 cross-entropy, gradient clipping at 1.0, ``opt`` (and ``sched``) stepped; returns the loss (not
+    synchronized). ``finetune_smollm2.py`` trains with it too."""
+    with torch.autocast(device, torch.bfloat16):
+        logits = cm(input_ids=ids[:, :-1], **model_kw).logits
+    loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    if sched is not None:
+        sched.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def _sync(device):
