@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, pow2, recip
-from ..int8_fp8.quantize import _max_nan, int8_values, k_mean, token_tile_at
+from ..int8_fp8.quantize import _max_nan, int8_values, token_tile_at
 
 BLOCK_Q, BLOCK_KV = 128, 64
 _BQ, _BKV = tl.constexpr(BLOCK_Q), tl.constexpr(BLOCK_KV)  # (inside kernels)
@@ -108,6 +108,14 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def k_token_mean(k_hnd: torch.Tensor) -> torch.Tensor:
+    """K's fp32 token mean per (batch, head), ``(B, H, D)`` contiguous: torch's reduction (the reference's mean,
+    :func:`sage_compile.reference.quant.smooth_k`, up to summation order; deterministic). One ATen launch where
+    ``int8_fp8``'s :func:`k_mean` takes two Triton launches: run 121 (an H100) timed the host side of a Triton launch
+    of the prologue at ~40-50 us, which a small model's compiled step waits for."""
+    return torch.mean(k_hnd, dim=2, dtype=torch.float32).contiguous()
+
+
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND"):
     """Same contract as :func:`sage_compile.reference.int8_train.quantize`: ``(q8, qs, k8, ks, v8, vs,
     k_mean (B,Hkv,1,D))``; inputs are never modified (NHD is read in place through strides)."""
@@ -115,10 +123,10 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
 
 
 def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", v_transposed: bool = True):
-    """:func:`quantize`'s tuple and V̂ transposed (B, Hkv, D, Nk) (None without ``v_transposed``): K's mean
-    (two launches, :func:`k_mean`), then Q, K, V and V̂ᵀ in one launch (:func:`_quant_qkv`)."""
+    """:func:`quantize`'s tuple and V̂ transposed (B, Hkv, D, Nk) (None without ``v_transposed``): K's mean (one
+    torch reduction, fp32 sums: :func:`k_token_mean`), then Q, K, V and V̂ᵀ in one launch (:func:`_quant_qkv`)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    mean = k_mean(k).contiguous()
+    mean = k_token_mean(k)
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     nqb, nkb = cdiv(nq, BLOCK_Q), cdiv(nk, BLOCK_KV)
