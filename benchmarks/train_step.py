@@ -9,7 +9,7 @@ the profiled steps end with one), and the largest kernels. ``--mask`` passes an 
 (transformers then hands every site a bool mask; transformers 5.17 does so even without one).
 
     python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--mask] [--variants sdpa,sage]
-        [--mode reduce-overhead] [--out results/train_step_<run>_<commit>_<gpu>.json]
+        [--mode reduce-overhead] [--cprofile 40] [--out results/train_step_<run>_<commit>_<gpu>.json]
 """
 from __future__ import annotations
 
@@ -98,6 +98,24 @@ def profile(step, ids, device: str, steps: int = 3):
     return sum(by_name.values()), launches / steps, syncs / steps, by_name
 
 
+def host_profile(step, ids, device: str, top: int, steps: int = 3):
+    """Where the host's time of a step goes: cProfile over ``steps`` synchronized steps, the ``top`` functions by
+    own time and by cumulative time (which Python frames of the compiled step, the op's glue and the launchers,
+    the GPU waits for)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step(ids)
+    _sync(device)
+    prof.disable()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(top)
+    st.sort_stats("cumulative").print_stats(top)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
@@ -110,6 +128,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cprofile", type=int, default=0, help="then print this many of cProfile's largest host costs "
+                    "(own time) over 3 steps")
     a = ap.parse_args()
     dev = a.device
     ids = torch.randint(0, SMOLLM2["vocab_size"], (a.batch, a.seq + 1), device=dev,
@@ -138,6 +158,8 @@ def main():
               f"a step", flush=True)
         for name, t in by_name.most_common(a.top):
             print(f"    {t:8.3f} ms  {name}")
+        if a.cprofile:
+            host_profile(step, ids, dev, a.cprofile)
         kernel = "sdpa_inductor" if variant == "sdpa" else "sage_int8_train"
         note = f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
