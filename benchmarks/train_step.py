@@ -99,12 +99,20 @@ def profile(step, ids, device: str, steps: int = 3):
 
 
 def host_profile(step, ids, device: str, top: int, steps: int = 3):
-    """Where the host's time of a step goes: cProfile over ``steps`` synchronized steps, the ``top`` functions by
-    own time and by cumulative time (which Python frames of the compiled step, the op's glue and the launchers,
-    the GPU waits for)."""
+    """Where the host's time of a step goes, over ``steps`` synchronized steps: torch.profiler's CPU ops by their
+    own host time (every thread: the compiled backward runs on the autograd engine's device thread), then cProfile's
+    ``top`` Python functions by own and by cumulative time (the main thread only: the forward, the optimizer)."""
     import cProfile
     import pstats
 
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+
+    with prof_ctx(activities=[ProfilerActivity.CPU]) as tp:
+        for _ in range(steps):
+            step(ids)
+        _sync(device)
+    print(tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=top), flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -128,8 +136,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--cprofile", type=int, default=0, help="then print this many of cProfile's largest host costs "
-                    "(own time) over 3 steps")
+    ap.add_argument("--cprofile", type=int, default=0, help="then print this many of the largest host costs over 3 "
+                    "steps (torch.profiler's CPU ops, cProfile's Python functions)")
     a = ap.parse_args()
     dev = a.device
     ids = torch.randint(0, SMOLLM2["vocab_size"], (a.batch, a.seq + 1), device=dev,
