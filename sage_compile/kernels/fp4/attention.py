@@ -226,7 +226,7 @@ def attention(qp, qsc, kp, ksc, vp, vsc, ds, vbar, attn_mask: Optional[torch.Ten
     if config is not None:
         bm = config["BLOCK_M"]
         _fwd_body[(cdiv(lq, bm), b * hq)](*args, **meta, BLOCK_M=bm, num_warps=config.get("num_warps", 4),
-                                                 num_stages=config.get("num_stages", 2))
+                                          num_stages=config.get("num_stages", 2))
     else:
         _fwd[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
     return out

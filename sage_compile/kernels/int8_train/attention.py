@@ -657,15 +657,13 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
             cfg.pop("BLOCK_N", None)
             if split:
                 for part in _dkdv_parts(d):
-                    _bwd_dkdv_split[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part,
-                                                                     **cfg)
+                    _bwd_dkdv_split[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
             else:
                 _bwd_dkdv[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
             _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
         elif split:
             for part in _dkdv_parts(d):
-                _dkdv_split_tuned[lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta,
-                                                                                     PART=part)
+                _dkdv_split_tuned[lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta, PART=part)
             _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
         else:
             _dkdv_tuned[(cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)

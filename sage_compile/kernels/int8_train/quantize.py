@@ -103,8 +103,7 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     b, h, n, d = x.shape
     y = torch.empty((b, h, d, n), dtype=x.dtype, device=x.device)
     if x.numel():
-        _tokens_last[(cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, pow2(d)),
-                                                   num_warps=4)
+        _tokens_last[(cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, pow2(d)), num_warps=4)
     return y
 
 
