@@ -9,7 +9,7 @@ the profiled steps end with one), and the largest kernels. ``--mask`` passes an 
 (transformers then hands every site a bool mask; transformers 5.17 does so even without one).
 
     python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--mask] [--variants sdpa,sage]
-        [--mode reduce-overhead] [--cprofile 40] [--out results/train_step_<run>_<commit>_<gpu>.json]
+        [--mode reduce-overhead] [--cprofile 40] [--trace PREFIX] [--out results/train_step_<run>_<commit>_<gpu>.json]
 """
 from __future__ import annotations
 
@@ -124,6 +124,21 @@ def host_profile(step, ids, device: str, top: int, steps: int = 3):
     st.sort_stats("cumulative").print_stats(top)
 
 
+def write_trace(step, ids, device: str, path: str, steps: int = 2):
+    """torch.profiler's Chrome trace (host ops of every thread, runtime calls, kernels) of ``steps`` synchronized
+    steps, gzipped, to ``path``."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with prof_ctx(activities=acts) as prof:
+        for _ in range(steps):
+            step(ids)
+        _sync(device)
+    prof.export_chrome_trace(path)
+    print("wrote", path, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
@@ -138,6 +153,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--cprofile", type=int, default=0, help="then print this many of the largest host costs over 3 "
                     "steps (torch.profiler's CPU ops, cProfile's Python functions)")
+    ap.add_argument("--trace", default=None, help="then write torch.profiler's Chrome trace of 2 steps to "
+                    "TRACE_<variant>.json.gz (read it with trace_gaps.py)")
     a = ap.parse_args()
     dev = a.device
     ids = torch.randint(0, SMOLLM2["vocab_size"], (a.batch, a.seq + 1), device=dev,
@@ -168,6 +185,8 @@ def main():
             print(f"    {t:8.3f} ms  {name}")
         if a.cprofile:
             host_profile(step, ids, dev, a.cprofile)
+        if a.trace:
+            write_trace(step, ids, dev, f"{a.trace}_{variant}.json.gz")
         kernel = "sdpa_inductor" if variant == "sdpa" else "sage_int8_train"
         note = f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
