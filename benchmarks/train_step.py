@@ -42,11 +42,14 @@ def model(layers: int, device: str):
 
 
 def stepper(variant: str, m, device: str, mask: bool, mode=None):
-    """A function running one training step of ``m`` compiled for ``variant`` (``mode``: torch.compile's, e.g.
-    ``reduce-overhead`` for CUDA graphs) on a (B, N + 1) id tensor."""
+    """A function running one training step of ``m`` compiled for ``variant`` (``sdpa``: Inductor; ``sage``: the
+    ``int8_train`` backend, its defaults (on CUDA the traced ops); ``sage_op``: the same with the opaque ops,
+    ``prologue="op"``; ``mode``: torch.compile's, e.g. ``reduce-overhead`` for CUDA graphs) on a (B, N + 1) id
+    tensor."""
     import sage_compile
 
-    backend = "inductor" if variant == "sdpa" else sage_compile.make_backend(kernel="int8_train")
+    opts = dict(sage=dict(kernel="int8_train"), sage_op=dict(kernel="int8_train", prologue="op"))
+    backend = "inductor" if variant == "sdpa" else sage_compile.make_backend(**opts[variant])
     cm = torch.compile(m, backend=backend, mode=mode)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0)
 
@@ -146,7 +149,7 @@ def main():
     ap.add_argument("--layers", type=int, default=SMOLLM2["num_hidden_layers"])
     ap.add_argument("--steps", type=int, default=20, help="timed steps (after 5 warm-up steps)")
     ap.add_argument("--mask", action="store_true", help="pass an attention_mask of ones")
-    ap.add_argument("--variants", default="sdpa,sage")
+    ap.add_argument("--variants", default="sdpa,sage", help="of sdpa, sage, sage_op")
     ap.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--top", type=int, default=8)
@@ -187,7 +190,7 @@ def main():
             host_profile(step, ids, dev, a.cprofile)
         if a.trace:
             write_trace(step, ids, dev, f"{a.trace}_{variant}.json.gz")
-        kernel = "sdpa_inductor" if variant == "sdpa" else "sage_int8_train"
+        kernel = dict(sdpa="sdpa_inductor", sage="sage_int8_train", sage_op="sage_int8_train_op")[variant]
         note = f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))

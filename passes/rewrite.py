@@ -133,7 +133,8 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 out = emit("call_function", ops.attention_fp4.default,
                            (*parts, mask, site.causal, scale, site.layout, out_dtype, site.head_dim, o.fp4_p_scale))
             elif dec.scheme == "int8_train":
-                pair = emit("call_function", ops.attention_train.default,
+                op = ops.attention_train_traced if dec.prologue == "graph" else ops.attention_train
+                pair = emit("call_function", op.default,
                             (q, k, v, mask, site.causal, scale, site.layout, options.int8_train_psi))
                 out = emit("call_function", operator.getitem, (pair, 0))
             else:

@@ -153,3 +153,11 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def wrap_triton_enabled() -> bool:
+    """Whether ``torch.library.wrap_triton`` wraps (it is off in a ``triton_op``'s eager run; on while one is
+    traced). torch 2.11 and 2.13: ``torch._library.triton.is_wrap_triton_enabled``."""
+    from torch._library.triton import is_wrap_triton_enabled
+
+    return is_wrap_triton_enabled()

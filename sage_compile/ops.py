@@ -234,6 +234,10 @@ def attention_train(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]
     (one byte a value kept instead of two, and no second quantization). ``attn_mask``: None, bool or additive,
     broadcastable to ``(B, Hq, Nq, Nk)`` (no gradient flows to it). ``psi``: the backward's INT8 scale granularity
     (``Options.int8_train_psi``)."""
+    return _train_forward(q, k, v, attn_mask, causal, scale, layout, psi)
+
+
+def _train_forward(q, k, v, attn_mask, causal, scale, layout, psi):
     if psi not in ("tile", "split"):
         raise ValueError(f"sage_compile: int8_train_psi must be 'tile' or 'split', got {psi!r}")
     o, lse, qt = impl_for("int8_train", q.device.type).quantize_forward(q, k, v, attn_mask, causal, scale, layout)
@@ -259,6 +263,10 @@ def attention_train_backward(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8:
                              scale: Optional[float], layout: str, psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
     """SageBwd backward from the forward's quantized operands (:func:`attention_train`'s outputs 2-8): INT8 dV, dQ,
     dK; dO·Vᵀ in 16-bit. Returns ``(dq, dk, dv)`` in ``layout`` and O's dtype (the inputs')."""
+    return _train_backward_impl(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout, psi)
+
+
+def _train_backward_impl(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout, psi):
     impl = impl_for("int8_train", q8.device.type)
     dq, dk, dv = impl.backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal, scale, layout, o.dtype,
                                attn_mask=attn_mask, psi=psi)
@@ -279,14 +287,49 @@ def _train_setup(ctx, inputs, output):
     ctx.causal, ctx.scale, ctx.layout, ctx.psi = causal, scale, layout, psi
 
 
-def _train_backward(ctx, grad_o, grad_lse, *_quantized):
-    *qt, o, lse, attn_mask = ctx.saved_tensors
-    dq, dk, dv = torch.ops.sage_compile.attention_train_backward(*qt, o, lse, grad_o.contiguous(), attn_mask,
-                                                                 ctx.causal, ctx.scale, ctx.layout, ctx.psi)
-    return dq, dk, dv, None, None, None, None, None
+def _backward_through(op):
+    def backward(ctx, grad_o, grad_lse, *_quantized):
+        *qt, o, lse, attn_mask = ctx.saved_tensors
+        dq, dk, dv = op(*qt, o, lse, grad_o.contiguous(), attn_mask, ctx.causal, ctx.scale, ctx.layout, ctx.psi)
+        return dq, dk, dv, None, None, None, None, None
+
+    return backward
 
 
-attention_train.register_autograd(_train_backward, setup_context=_train_setup)
+attention_train.register_autograd(_backward_through(torch.ops.sage_compile.attention_train_backward),
+                                  setup_context=_train_setup)
+
+
+# The same two ops as triton_ops, which torch.compile traces through (what the graph rewrite emits on CUDA; see
+# ``Options.prologue``): the graph then holds K's mean and the allocations as ATen ops, the Triton launches
+# (``torch.library.wrap_triton``) and the CUDA kernels (the extension's torch ops), and the kernels' Python host
+# code (mask plan, kernel choice, launch arguments) runs once per compile instead of once per call. Same kernels,
+# same quantized values; K's mean is Inductor's reduction (summation order may differ).
+@torch.library.triton_op("sage_compile::attention_train_traced", mutates_args=())
+def attention_train_traced(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str,
+                           scale: Optional[float], layout: str, psi: str = "split") -> _TrainOut:
+    """:func:`attention_train`, traced by torch.compile (same arguments and results)."""
+    from ._tracing import graph_launches
+
+    with graph_launches():
+        return _train_forward(q, k, v, attn_mask, causal, scale, layout, psi)
+
+
+@torch.library.triton_op("sage_compile::attention_train_backward_traced", mutates_args=())
+def attention_train_backward_traced(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8: Tensor, vs: Tensor,
+                                    k_mean: Tensor, o: Tensor, lse: Tensor, do: Tensor, attn_mask: Optional[Tensor],
+                                    causal: str, scale: Optional[float], layout: str,
+                                    psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`attention_train_backward`, traced by torch.compile (same arguments and results)."""
+    from ._tracing import graph_launches
+
+    with graph_launches():
+        return _train_backward_impl(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout,
+                                    psi)
+
+
+attention_train_traced.register_autograd(
+    _backward_through(torch.ops.sage_compile.attention_train_backward_traced), setup_context=_train_setup)
 
 
 # ------------------------------------------------------------------------------------------ composed

@@ -83,6 +83,17 @@ def prologue_for(site, options, scheme: str, device_type: str) -> str:
     return "graph"
 
 
+def train_prologue(options, device_type: str) -> str:
+    """``graph`` or ``op`` for an ``int8_train`` site: ``graph`` emits the traced op
+    (:func:`sage_compile.ops.attention_train_traced`: torch.compile sees its prologue and launches; the kernels'
+    host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA (the SmolLM2-shape
+    compiled step is host-bound: benchmarks/train_step.py), the opaque one elsewhere (the CPU reference would be
+    compiled by Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices."""
+    if options.prologue == "auto":
+        return "graph" if device_type == "cuda" else "op"
+    return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
+
+
 @dataclasses.dataclass
 class Decision:
     scheme: Optional[str]  # None: keep the site as it is
@@ -149,7 +160,9 @@ def decide(site, config, device_type: str) -> Decision:
         return Decision(None, f"exact ({why}): kept as SDPA", fallback=False)
     notes = []
     prologue = None
-    if scheme != "int8_train" and not config.options.switchable:
+    if scheme == "int8_train":
+        prologue = train_prologue(config.options, device_type)
+    elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):
             notes.append(f"prologue='{config.options.prologue}' gives no graph prologue on {device_type} (not "

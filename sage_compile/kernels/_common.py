@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._tracing import in_graph
 from ..reference.layout import out_shape
 
 EMULATE_FP8 = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -127,6 +128,14 @@ def e2m1_f16(code):
 
 
 CAUSAL_CODES = {"none": 0, "top_left": 1, "bottom_right": 2}
+
+
+def launch(kernel, grid):
+    """``kernel[grid]``: the launcher, or under :func:`sage_compile._tracing.in_graph` its traceable wrapper (same
+    arguments): then the launch is a graph op, which Inductor makes."""
+    if in_graph():
+        return torch.library.wrap_triton(kernel)[grid]
+    return kernel[grid]
 
 
 def cdiv(a: int, b: int) -> int:

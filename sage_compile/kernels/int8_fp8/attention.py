@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ...config import int8_fp8_core
-from .._common import CAUSAL_CODES, EMULATE_FP8, cdiv, output_and_mask, pow2, to_e4m3
+from .._common import CAUSAL_CODES, EMULATE_FP8, cdiv, launch, output_and_mask, pow2, to_e4m3
 from . import cuda
 
 log = logging.getLogger("sage_compile")
@@ -247,14 +247,14 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     krange = torch.empty(b, 2, dtype=torch.int32, device=mask.device)
     flag = torch.empty(1, dtype=torch.int32, device=mask.device)
     bad = torch.empty(3, dtype=torch.int32, device=mask.device)
-    _key_range[(b,)](mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_K=4096,
+    launch(_key_range, (b,))(mask, krange, bad, mask.stride(0), mask.stride(2), mask.stride(3), lq, lk, BLOCK_K=4096,
                      num_warps=8)
     if mask.stride(2) == 0 or lq == 1:  # one row for all queries (a key mask, (B, 1, 1, Lk)): a key range iff
         # the row's kept keys are contiguous (flag 2; 1 cannot come first), checked on that row alone
         rows, coff, bq, bk, chunk = 1, lk - 1, 1, 2048, CHECK_KEYS[1]
     else:
         rows, coff, bq, bk, chunk = lq, lk - lq, 32, 256, CHECK_KEYS[0]
-    _mask_mismatch[(cdiv(rows, bq), b, cdiv(lk, chunk))](
+    launch(_mask_mismatch, (cdiv(rows, bq), b, cdiv(lk, chunk)))(
         mask, krange, bad, flag, mask.stride(0), mask.stride(2), mask.stride(3), rows, lk, coff, chunk,
         BLOCK_Q=bq, BLOCK_K=bk)
     return flag, krange

@@ -30,7 +30,7 @@ import triton.language as tl
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import out_shape
-from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, cdiv, mask_view, pow2, rne
+from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, cdiv, launch, mask_view, pow2, rne
 from .quantize import BLOCK_KV, BLOCK_Q, copy_tokens_last, quantize_vt, store_tokens_last, tokens_last
 
 LOG2E = 1.4426950408889634
@@ -256,7 +256,7 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
     # old dO-only kernel spilled 172 (not yet timed on a GPU)
     grid = (b * (2 * hq + 2 * hkv), max(nqb, vs.shape[-1]))
     if grid[0] and grid[1]:
-        _bwd_prep[grid](o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
+        launch(_bwd_prep, grid)(o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
                         v8, vs, r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d,
                         nqb, vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)),
                         V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8,
@@ -515,7 +515,7 @@ def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
 
         flag, krange = mask_structure(mask, lq, lk)
         gate = torch.empty(1, dtype=torch.int32, device=mask.device)
-        _gate[(1,)](flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
+        launch(_gate, (1,))(flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
         none = (dummy, 0, (0, 0, 0, 0))
         variants = [(mask, kind, strides, "none", 0), (*none, "none", 2)]
         if strides[2] != 0:  # (a mask constant along the queries has flag 0 or 2)
@@ -582,9 +582,9 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
                     BLOCK_D=max(16, pow2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
         if config is not None or EMULATE_FP8 or gate is not None:  # (no autotuning of a launch that may do nothing)
             cfg = dict(_FWD_DEFAULT, **(config or {}))
-            _fwd_kernel[(cdiv(lq, cfg["BLOCK_M"]), b * hq)](*args, **meta, **cfg)
+            launch(_fwd_kernel, (cdiv(lq, cfg["BLOCK_M"]), b * hq))(*args, **meta, **cfg)
         else:
-            _fwd_tuned[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+            launch(_fwd_tuned, lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq))(*args, **meta)
     return out, lse
 
 
@@ -657,15 +657,15 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
             cfg.pop("BLOCK_N", None)
             if split:
                 for part in _dkdv_parts(d):
-                    _bwd_dkdv_split[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
+                    launch(_bwd_dkdv_split, (cdiv(lk, bn), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
             else:
-                _bwd_dkdv[(cdiv(lk, bn), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
-            _bwd_dq[(nqb, b * hq)](*dq_args, **dq_meta, **cfg)
+                launch(_bwd_dkdv, (cdiv(lk, bn), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
+            launch(_bwd_dq, (nqb, b * hq))(*dq_args, **dq_meta, **cfg)
         elif split:
             for part in _dkdv_parts(d):
-                _dkdv_split_tuned[lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv)](*dkdv_args, **dkdv_meta, PART=part)
-            _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
+                launch(_dkdv_split_tuned, lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv))(*dkdv_args, **dkdv_meta, PART=part)
+            launch(_dq_tuned, (nqb, b * hq))(*dq_args, **dq_meta)
         else:
-            _dkdv_tuned[(cdiv(lk, BLOCK_KV), b * hkv)](*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
-            _dq_tuned[(nqb, b * hq)](*dq_args, **dq_meta)
+            launch(_dkdv_tuned, (cdiv(lk, BLOCK_KV), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
+            launch(_dq_tuned, (nqb, b * hq))(*dq_args, **dq_meta)
     return dq, dk, dv

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..._tracing import in_graph
 from ..cuda_ext import build_extension, load_once, start_prebuild
 from .attention import LOG2E
 
@@ -41,8 +42,39 @@ _prebuild: dict = {"thread": None}
 
 
 def build(extra: tuple = ()):
-    """Compile (or find in torch's extension cache) and import the extension; raises on failure."""
-    return build_extension("sage_int8_train_sm90", SOURCES, extra)
+    """Compile (or find in torch's extension cache) and import the extension; raises on failure. Its functions are
+    also torch ops, ``torch.ops.<module name>.{fwd,dkdv,dq}`` (what a traced call's graph holds: :func:`_call`),
+    given fake implementations here."""
+    mod = build_extension("sage_int8_train_sm90", SOURCES, extra)
+    _register_fakes(mod.__name__)
+    return mod
+
+
+_faked: set = set()
+_fake_lock = threading.Lock()
+
+
+def _register_fakes(ns: str) -> None:
+    """Fake implementations of the extension's ops (they only write their output arguments: nothing to make)."""
+    with _fake_lock:
+        if ns in _faked:
+            return
+        for op in ("fwd", "dkdv", "dq"):
+            torch.library.register_fake(f"{ns}::{op}")(_writes_only)
+        _faked.add(ns)
+
+
+def _writes_only(*args, **kwargs) -> None:
+    return None
+
+
+def _call(mod, name: str, *args) -> None:
+    """``mod.<name>(*args)``, or while a traced op is traced (:func:`sage_compile._tracing.in_graph`) the same function
+    as the extension's torch op, which the graph then holds."""
+    if in_graph():
+        getattr(getattr(torch.ops, mod.__name__), name)(*args)
+    else:
+        getattr(mod, name)(*args)
 
 
 def load():
@@ -118,8 +150,8 @@ def forward(q8, qs, k8, ks, v8t, vs, out, lse, causal: str, c: float, out_stride
     contiguous; ``v8t`` (B, Hkv, D, Lk) V̂ transposed); ``c`` the softmax scale times log2(e). ``gate`` (int32,
     on the device) and ``want`` >= 0: the kernel computes only where ``gate[0] == want`` (:func:`_gate_args`)."""
     mod = load() if module is None else module
-    mod.fwd(q8, qs, k8, ks, v8t, vs, out, lse, c, causal != "none", _coff(causal, q8.shape[2], k8.shape[2]),
-            *out_strides, *_gate_args(gate, want, lse))
+    _call(mod, "fwd", q8, qs, k8, ks, v8t, vs, out, lse, c, causal != "none", _coff(causal, q8.shape[2], k8.shape[2]),
+          *out_strides, *_gate_args(gate, want, qs))
 
 
 def _gate_args(gate: Optional[torch.Tensor], want: int, dummy: torch.Tensor) -> tuple:
@@ -139,8 +171,8 @@ def dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, causal: str, 
     ``v16``'s dtype), with the K-smoothing correction and the softmax scale. ``k8t`` (B, Hkv, D, Lk) k̂
     transposed, ``kmean`` (B, Hkv, D), ``lse2`` as :func:`dkdv`'s; the rest as :func:`dkdv`."""
     mod = load() if module is None else module
-    mod.dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, sm * LOG2E, sm, causal != "none",
-           _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
+    _call(mod, "dq", q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, sm * LOG2E, sm, causal != "none",
+          _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
 
 
 def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
@@ -152,5 +184,5 @@ def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal:
     ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks); ``gate``, ``want`` as
     :func:`forward`'s."""
     mod = load() if module is None else module
-    mod.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, sm * LOG2E, sm, causal != "none",
-             _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
+    _call(mod, "dkdv", q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, sm * LOG2E, sm,
+          causal != "none", _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, pow2, recip
+from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, launch, pow2, recip
 from ..int8_fp8.quantize import _max_nan, int8_values, token_tile_at
 
 BLOCK_Q, BLOCK_KV = 128, 64
@@ -103,7 +103,7 @@ def tokens_last(x: torch.Tensor) -> torch.Tensor:
     b, h, n, d = x.shape
     y = torch.empty((b, h, d, n), dtype=x.dtype, device=x.device)
     if x.numel():
-        _tokens_last[(cdiv(n, 128), b * h)](x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, pow2(d)), num_warps=4)
+        launch(_tokens_last, (cdiv(n, 128), b * h))(x, y, n, d, BLOCK_N=128, BLOCK_D=max(16, pow2(d)), num_warps=4)
     return y
 
 
@@ -136,7 +136,7 @@ def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str =
     v8t = torch.empty((b, hkv, d, nk), dtype=i8, device=dev) if v_transposed else None
     if q.numel() or k.numel():
         bd = max(16, pow2(d))
-        _quant_qkv[(b * hq + 2 * b * hkv, max(nqb, nkb))](
+        launch(_quant_qkv, (b * hq + 2 * b * hkv, max(nqb, nkb)))(
             q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
             hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb, V_TRANSPOSED=v_transposed, BLOCK_D=bd, EMULATE=EMULATE_FP8,
             num_warps=8 if BLOCK_Q * bd >= 8192 else 4)
