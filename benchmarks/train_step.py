@@ -8,7 +8,7 @@ host), the number of kernel launches, the host syncs (``cudaStreamSynchronize`` 
 the profiled steps end with one), and the largest kernels. ``--mask`` passes an ``attention_mask`` of ones
 (transformers then hands every site a bool mask; transformers 5.17 does so even without one).
 
-    python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--mask] [--variants sdpa,sage]
+    python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--rounds 1] [--mask] [--variants sdpa,sage]
         [--mode reduce-overhead] [--cprofile 40] [--trace PREFIX] [--out results/train_step_<run>_<commit>_<gpu>.json]
 """
 from __future__ import annotations
@@ -147,7 +147,8 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--layers", type=int, default=SMOLLM2["num_hidden_layers"])
-    ap.add_argument("--steps", type=int, default=20, help="timed steps (after 5 warm-up steps)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps a round (after 5 warm-up steps)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of timed steps, the variants interleaved")
     ap.add_argument("--mask", action="store_true", help="pass an attention_mask of ones")
     ap.add_argument("--variants", default="sdpa,sage", help="of sdpa, sage, sage_op")
     ap.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
@@ -165,25 +166,30 @@ def main():
     meta = dict(device=torch.cuda.get_device_name() if dev == "cuda" else "cpu", torch=torch.__version__,
                 commit=_commit(), command="python " + " ".join(sys.argv), model=f"smollm2-135m-shape-{a.layers}l",
                 seq_len=a.seq, batch=a.batch, inputs="random ids, random weights")
-    recs = []
-    for variant in a.variants.split(","):
-        step = stepper(variant, model(a.layers, dev), dev, a.mask, a.mode)
+    recs, steps, first = [], {}, {}
+    variants = a.variants.split(",")
+    for variant in variants:  # compile and warm up each
+        steps[variant] = stepper(variant, model(a.layers, dev), dev, a.mask, a.mode)
         t0 = time.perf_counter()
         for _ in range(5):
-            step(ids)
+            steps[variant](ids)
         _sync(dev)
-        first = time.perf_counter() - t0
-        times = []
-        for _ in range(a.steps):
-            t = time.perf_counter()
-            step(ids)
-            _sync(dev)
-            times.append((time.perf_counter() - t) * 1e3)
-        ms = statistics.median(times)
+        first[variant] = time.perf_counter() - t0
+    times = {v: [] for v in variants}
+    for _ in range(a.rounds):  # the variants' timed steps interleaved: a host slower for a while slows them all
+        for variant in variants:
+            for _ in range(a.steps):
+                t = time.perf_counter()
+                steps[variant](ids)
+                _sync(dev)
+                times[variant].append((time.perf_counter() - t) * 1e3)
+    for variant in variants:
+        step = steps[variant]
+        ms = statistics.median(times[variant])
         busy, launches, syncs, by_name = profile(step, ids, dev)
-        print(f"{variant}: step {ms:.1f} ms (median of {a.steps}; warm-up incl. compile {first:.1f} s), kernels "
-              f"{busy:.1f} ms a step ({launches:.0f} launches), GPU idle {ms - busy:.1f} ms, host syncs {syncs:.0f} "
-              f"a step", flush=True)
+        print(f"{variant}: step {ms:.1f} ms (median of {a.rounds} x {a.steps}; warm-up incl. compile "
+              f"{first[variant]:.1f} s), kernels {busy:.1f} ms a step ({launches:.0f} launches), GPU idle "
+              f"{ms - busy:.1f} ms, host syncs {syncs:.0f} a step", flush=True)
         for name, t in by_name.most_common(a.top):
             print(f"    {t:8.3f} ms  {name}")
         if a.cprofile:
@@ -191,11 +197,13 @@ def main():
         if a.trace:
             write_trace(step, ids, dev, f"{a.trace}_{variant}.json.gz")
         kernel = dict(sdpa="sdpa_inductor", sage="sage_int8_train", sage_op="sage_int8_train_op")[variant]
-        note = f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step"
+        note = (f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; median of "
+                f"{a.rounds} rounds of {a.steps} steps, the variants interleaved")
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
+        if a.out:  # after each variant: a later one's failure or timeout keeps these
+            write_records(a.out, recs)
     if a.out:
-        write_records(a.out, recs)
         print("wrote", a.out)
 
 

@@ -11,7 +11,7 @@ import torch
 from helpers import cos_rel
 from torch._inductor.utils import run_and_get_code
 
-import sage_compile  # noqa: F401  (registers the ops)
+import sage_compile.ops  # noqa: F401  (registers the ops)
 
 pytestmark = pytest.mark.gpu
 

@@ -168,9 +168,12 @@ def bhn_strides(t, layout):
 
 def mask_view(attn_mask, b, hq, lq, lk, dummy):
     """``(mask, MASK_KIND, strides)`` for a kernel launch: 0 none (``dummy`` stands in), 1 bool (read as
-    uint8), 2 additive; expanded to ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
+    uint8, or as bool under :func:`sage_compile._tracing.in_graph`), 2 additive; expanded to ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
     if attn_mask is None:
         return dummy, 0, (0, 0, 0, 0)
     kind = 1 if attn_mask.dtype == torch.bool else 2
-    mask = (attn_mask.view(torch.uint8) if kind == 1 else attn_mask).expand(b, hq, lq, lk)
+    # a traced call hands the bool mask over as it is (Inductor 2.11 cannot lower a bool -> uint8 view, run 125; the
+    # kernels read either as ``!= 0``)
+    reinterpret = kind == 1 and not in_graph()
+    mask = (attn_mask.view(torch.uint8) if reinterpret else attn_mask).expand(b, hq, lq, lk)
     return mask, kind, mask.stride()
