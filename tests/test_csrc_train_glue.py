@@ -30,10 +30,12 @@ if not KQ.EMULATE_FP8:
     pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
 
 CPP_KINDS = {"const at::Tensor&": "T", "at::Tensor&": "T", "double": "f", "bool": "b", "int64_t": "i"}
+SCHEMA_KINDS = {"Tensor": "T", "float": "f", "bool": "b", "int": "i"}
 
 
 def test_model_takes_the_bindings_parameters():
-    """The model's parameter kinds (tensor, float, bool, int) are the binding's, in order."""
+    """The model's parameter kinds (tensor, float, bool, int) are the binding's, in order, and its torch ops'
+    schemas' (TORCH_LIBRARY: a schema that does not fit the function fails the extension's load on the GPU)."""
     with open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]) as f:
         text = f.read()
     for name, kinds in M.KINDS.items():
@@ -41,6 +43,12 @@ def test_model_takes_the_bindings_parameters():
         got = tuple(CPP_KINDS[" ".join(p.split()[:-1])] for p in params.replace("\n", " ").split(","))
         assert got == kinds, name
         assert re.search(rf'm\.def\("{name}", &{name},', text), name
+        # the same function as a torch op (what a traced call's graph holds): its schema's kinds, a CUDA kernel
+        joined = text.replace('"\n        "', "")  # the schema strings' continuation lines
+        schema = re.search(rf'm\.def\("{name}\((.*?)\) -> \(\)"\);', joined, re.S).group(1)
+        ops_kinds = tuple(SCHEMA_KINDS[p.split()[0].split("(")[0]] for p in schema.split(","))
+        assert ops_kinds == kinds, name
+        assert re.search(rf'm\.impl\("{name}", &{name}\);', text), name
 
 
 @pytest.fixture

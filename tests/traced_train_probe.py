@@ -1,0 +1,41 @@
+"""Run by tests/test_traced_train.py in a process without TRITON_INTERPRET (the interpreter's kernels cannot be
+wrapped for tracing): AOTAutograd traces the traced ``int8_train`` op's forward and backward on meta tensors through
+the kernels' host code (the CUDA path, with a stand-in extension whose torch ops have the schemas of
+``csrc/int8_train_sm90_bind.cpp``: its TORCH_LIBRARY block), and prints each graph's ops (Triton kernels as
+``triton:<name>``) as JSON."""
+import json, re, types
+import torch
+import sage_compile.ops as O
+import sage_compile.kernels.int8_train as KT
+from sage_compile.kernels import cuda_ext
+from sage_compile.kernels.int8_train import cuda as KC
+from functorch.compile import aot_function
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+O._IMPLS[("int8_train", "meta")] = KT.impl
+text = open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]).read().replace('"\n        "', "")
+ns = "sage_probe_ext"
+lib = torch.library.Library(ns, "DEF")
+for name, rest in re.findall(r'm\.def\("(\w+)(\(.*?\) -> \(\))"\);', text):
+    lib.define(name + rest)
+KC._register_fakes(ns)
+KC.load = lambda: types.SimpleNamespace(__name__=ns)
+KC.unsupported = KC.call_rules
+graphs = []
+
+def comp(g, _):
+    """Record the graph's ops (the compiler of both graphs; runs nothing)."""
+    names = set(re.findall(r"torch\.ops\.(\w+\.\w+)", g.code))
+    for idx in re.findall(r"kernel_idx = (\d+)", g.code):
+        k = kernel_side_table.get_kernel(int(idx))
+        names.add("triton:" + getattr(getattr(k, "fn", k), "__name__", "?"))
+    graphs.append(sorted(names))
+    return g
+
+def f(q, k, v):
+    return torch.ops.sage_compile.attention_train_traced(q, k, v, None, "top_left", None, "HND", "split")[0]
+
+q = torch.empty(1, 4, 128, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+k, v = (torch.empty(1, 2, 128, 64, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in range(2))
+aot_function(f, fw_compiler=comp, bw_compiler=comp)(q, k, v).sum().backward()
+print(json.dumps(graphs))
