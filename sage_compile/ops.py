@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._tracing import graph_launches
 from .reference import exact as _exact
 from .reference import fp4 as _ref_fp4
 from .reference import int8_fp8 as _ref_int8_fp8
@@ -309,8 +310,6 @@ attention_train.register_autograd(_backward_through(torch.ops.sage_compile.atten
 def attention_train_traced(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str,
                            scale: Optional[float], layout: str, psi: str = "split") -> _TrainOut:
     """:func:`attention_train`, traced by torch.compile (same arguments and results)."""
-    from ._tracing import graph_launches
-
     with graph_launches():
         return _train_forward(q, k, v, attn_mask, causal, scale, layout, psi)
 
@@ -321,8 +320,6 @@ def attention_train_backward_traced(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tens
                                     causal: str, scale: Optional[float], layout: str,
                                     psi: str = "split") -> tuple[Tensor, Tensor, Tensor]:
     """:func:`attention_train_backward`, traced by torch.compile (same arguments and results)."""
-    from ._tracing import graph_launches
-
     with graph_launches():
         return _train_backward_impl(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout,
                                     psi)
