@@ -253,3 +253,30 @@ def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype):
     """The backward's preparation launch: transposes, V̂ in 16 bits, dO, delta, LSE2, ψ(dO) (helpers.check_bwd_prep),
     more query blocks than key blocks and fewer, head dims below the tile's, O and dO read through NHD strides."""
     check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)
+
+
+@pytest.mark.parametrize("name", ["padded_causal", "key_mask"])
+def test_bool_mask_handed_over_as_bool_gives_the_same_bits(name, monkeypatch):
+    """A traced call hands a bool mask to the kernels as bool (``mask_view`` under ``in_graph``: Inductor cannot
+    lower the uint8 view), an eager one as uint8: the device-side check and the kernels read both alike (``!= 0``;
+    compiled Triton loads a bool pointer as bytes), so forward and backward give the same bits."""
+    from sage_compile.kernels import _common
+
+    lq, lk = 64, 100
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 2, lq, 32, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 1, lk, 32, generator=g).to(torch.bfloat16) for _ in range(2))
+    do = torch.randn(2, 2, lq, 32, generator=g).to(torch.bfloat16)
+    qt = KQ.quantize(q, k, v)
+    mask = MASKS[name](lq, lk)
+
+    def run():
+        o, lse = KA.forward(*qt[:6], "none", None, "HND", q.dtype, attn_mask=mask)
+        return (o, lse, *KA.backward(*qt, o, lse, do, "none", None, "HND", q.dtype, attn_mask=mask, psi="split"))
+
+    as_uint8 = run()
+    assert _common.mask_view(mask, 2, 2, lq, lk, q)[0].dtype == torch.uint8
+    monkeypatch.setattr(_common, "in_graph", lambda: True)  # (the interpreter's kernels are launched as they are)
+    assert _common.mask_view(mask, 2, 2, lq, lk, q)[0].dtype == torch.bool
+    as_bool = run()
+    assert all(torch.equal(a, b) for a, b in zip(as_bool, as_uint8))
