@@ -83,15 +83,25 @@ def prologue_for(site, options, scheme: str, device_type: str) -> str:
     return "graph"
 
 
-def train_prologue(options, device_type: str) -> str:
+def train_prologue(options, device_type: str, site=None) -> str:
     """``graph`` or ``op`` for an ``int8_train`` site: ``graph`` emits the traced op
     (:func:`sage_compile.ops.attention_train_traced`: torch.compile sees its prologue and launches; the kernels'
-    host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA (the SmolLM2-shape
-    compiled step is host-bound: benchmarks/train_step.py), the opaque one elsewhere (the CPU reference would be
-    compiled by Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices."""
+    host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA for static sizes (the
+    SmolLM2-shape compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), the opaque one
+    for symbolic sizes (tracing the launches makes their integer arguments, strides included, constants: a compile per
+    sequence length, tests/test_traced_train.py) and on other devices (the CPU reference would be compiled by
+    Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices, whatever the sizes."""
     if options.prologue == "auto":
-        return "graph" if device_type == "cuda" else "op"
+        return "graph" if device_type == "cuda" and not symbolic_sizes(site) else "op"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
+
+
+def symbolic_sizes(site) -> bool:
+    """Whether any of ``site``'s q/k sizes is symbolic (dynamic shapes); False for an unknown site."""
+    if site is None:
+        return False
+    shapes = [s for s in (getattr(site, "q_shape", None), getattr(site, "k_shape", None)) if s is not None]
+    return any(isinstance(x, torch.SymInt) for shape in shapes for x in shape)
 
 
 @dataclasses.dataclass
@@ -161,7 +171,7 @@ def decide(site, config, device_type: str) -> Decision:
     notes = []
     prologue = None
     if scheme == "int8_train":
-        prologue = train_prologue(config.options, device_type)
+        prologue = train_prologue(config.options, device_type, site)
     elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):

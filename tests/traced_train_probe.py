@@ -2,8 +2,12 @@
 wrapped for tracing): AOTAutograd traces the traced ``int8_train`` op's forward and backward on meta tensors through
 the kernels' host code (the CUDA path, with a stand-in extension whose torch ops have the schemas of
 ``csrc/int8_train_sm90_bind.cpp``: its TORCH_LIBRARY block), and prints each graph's ops (Triton kernels as
-``triton:<name>``) as JSON."""
-import json, re, types
+``triton:<name>``) as JSON; with ``dynamic``, the graphs torch.compile(dynamic=True) makes over three lengths."""
+import json
+import re
+import sys
+import types
+
 import torch
 import sage_compile.ops as O
 import sage_compile.kernels.int8_train as KT
@@ -35,7 +39,18 @@ def comp(g, _):
 def f(q, k, v):
     return torch.ops.sage_compile.attention_train_traced(q, k, v, None, "top_left", None, "HND", "split")[0]
 
-q = torch.empty(1, 4, 128, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
-k, v = (torch.empty(1, 2, 128, 64, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in range(2))
-aot_function(f, fw_compiler=comp, bw_compiler=comp)(q, k, v).sum().backward()
+
+def inputs(n):
+    q = torch.empty(1, 4, n, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    return (q, *(torch.empty(1, 2, n, 64, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in range(2)))
+
+
+if sys.argv[1:] == ["dynamic"]:  # torch.compile(dynamic=True) over three sequence lengths: the graphs compiled
+    from torch._dynamo.backends.common import aot_autograd
+
+    cf = torch.compile(f, backend=aot_autograd(fw_compiler=comp, bw_compiler=comp), dynamic=True)
+    for n in (128, 192, 256):
+        cf(*inputs(n)).sum().backward()
+else:  # AOTAutograd at 128 tokens: the forward's and the backward's ops
+    aot_function(f, fw_compiler=comp, bw_compiler=comp)(*inputs(128)).sum().backward()
 print(json.dumps(graphs))
