@@ -89,10 +89,13 @@ def train_prologue(options, device_type: str, site=None) -> str:
     host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA for static sizes (the
     SmolLM2-shape compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), the opaque one
     for symbolic sizes (tracing the launches makes their integer arguments, strides included, constants: a compile per
-    sequence length, tests/test_traced_train.py) and on other devices (the CPU reference would be compiled by
-    Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices, whatever the sizes."""
+    sequence length, tests/test_traced_train.py), for sites with a mask tensor (the traced op's mask paths have not
+    run on a GPU yet: run 125 failed on the bool mask, since fixed) and on other devices (the CPU reference would be
+    compiled by Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices, whatever the
+    site."""
     if options.prologue == "auto":
-        return "graph" if device_type == "cuda" and not symbolic_sizes(site) else "op"
+        unmasked = site is None or getattr(site, "mask_kind", "none") == "none"
+        return "graph" if device_type == "cuda" and unmasked and not symbolic_sizes(site) else "op"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
 
 

@@ -23,6 +23,7 @@ def test_train_sites_get_the_traced_op_where_asked(prologue, device, want):
 
 
 def test_sites_of_symbolic_sizes_keep_the_opaque_op_under_auto():
+    """(see test_traced_op_compiles_once_per_sequence_length)"""
     from types import SimpleNamespace
 
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -32,6 +33,15 @@ def test_sites_of_symbolic_sizes_keep_the_opaque_op_under_auto():
     assert policy.symbolic_sizes(site) and not policy.symbolic_sizes(SimpleNamespace(q_shape=(2, 4, 8, 64),
                                                                                          k_shape=(2, 2, 8, 64)))
     assert policy.train_prologue(config.Options(), "cuda", site) == "op"
+    assert policy.train_prologue(config.Options(prologue="graph"), "cuda", site) == "graph"
+
+
+@pytest.mark.parametrize("mask_kind,want", [("none", "graph"), ("bool", "op"), ("additive", "op")])
+def test_masked_sites_keep_the_opaque_op_under_auto(mask_kind, want):
+    from types import SimpleNamespace
+
+    site = SimpleNamespace(q_shape=(2, 4, 8, 64), k_shape=(2, 2, 8, 64), mask_kind=mask_kind)
+    assert policy.train_prologue(config.Options(), "cuda", site) == want
     assert policy.train_prologue(config.Options(prologue="graph"), "cuda", site) == "graph"
 
 
