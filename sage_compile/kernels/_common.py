@@ -168,7 +168,8 @@ def bhn_strides(t, layout):
 
 def mask_view(attn_mask, b, hq, lq, lk, dummy):
     """``(mask, MASK_KIND, strides)`` for a kernel launch: 0 none (``dummy`` stands in), 1 bool (read as
-    uint8, or as bool under :func:`sage_compile._tracing.in_graph`), 2 additive; expanded to ``(B, Hq, Lq, Lk)`` as a view (stride 0 on broadcast dims, no copy)."""
+    uint8, or as bool under :func:`sage_compile._tracing.in_graph`), 2 additive; expanded to ``(B, Hq, Lq, Lk)``
+    as a view (stride 0 on broadcast dims, no copy)."""
     if attn_mask is None:
         return dummy, 0, (0, 0, 0, 0)
     kind = 1 if attn_mask.dtype == torch.bool else 2

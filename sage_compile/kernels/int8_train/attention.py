@@ -256,11 +256,11 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
     # old dO-only kernel spilled 172 (not yet timed on a GPU)
     grid = (b * (2 * hq + 2 * hkv), max(nqb, vs.shape[-1]))
     if grid[0] and grid[1]:
-        launch(_bwd_prep, grid)(o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"],
-                        v8, vs, r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d,
-                        nqb, vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)),
-                        V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8,
-                        num_warps=8)
+        launch(_bwd_prep, grid)(
+            o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"], v8, vs,
+            r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d, nqb,
+            vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)), V_BLOCK=BLOCK_KV,
+            RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8, num_warps=8)
     return r
 
 
@@ -657,13 +657,15 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
             cfg.pop("BLOCK_N", None)
             if split:
                 for part in _dkdv_parts(d):
-                    launch(_bwd_dkdv_split, (cdiv(lk, bn), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part, **cfg)
+                    launch(_bwd_dkdv_split, (cdiv(lk, bn), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=bn, PART=part,
+                                                                     **cfg)
             else:
                 launch(_bwd_dkdv, (cdiv(lk, bn), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=bn, **cfg)
             launch(_bwd_dq, (nqb, b * hq))(*dq_args, **dq_meta, **cfg)
         elif split:
             for part in _dkdv_parts(d):
-                launch(_dkdv_split_tuned, lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv))(*dkdv_args, **dkdv_meta, PART=part)
+                grid = (lambda m: (cdiv(lk, m["BLOCK_N"]), b * hkv))
+                launch(_dkdv_split_tuned, grid)(*dkdv_args, **dkdv_meta, PART=part)
             launch(_dq_tuned, (nqb, b * hq))(*dq_args, **dq_meta)
         else:
             launch(_dkdv_tuned, (cdiv(lk, BLOCK_KV), b * hkv))(*dkdv_args, **dkdv_meta, BLOCK_N=BLOCK_KV)
