@@ -114,3 +114,14 @@ def check_bwd_prep(KA, device, dtype, b=2, hq=4, hkv=2, lq=130, lk=77, d=80, lay
     sdo = p["sdo"].repeat_interleave(128, dim=-1)[..., :lq, None]
     assert (p["do8t"].transpose(2, 3).float() * sdo - do.float()).abs().max() <= 0.51 * sdo.max()
     return p
+
+
+def sm90_train_launches(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel")):
+    """``fn()``'s launches of the sm90 SageBwd kernels, by name (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    seen = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "sage_sm90::train::" in e.name]
+    return out, {n: sum(f"::{n}<" in s for s in seen) for n in names}

@@ -6,7 +6,7 @@ gradient goal holds with every kernel on CUDA; a token count they do not take fa
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, llm_step, poison_cuda_cache
+from helpers import cos_rel, llm_step, poison_cuda_cache, sm90_train_launches
 
 import sage_compile
 
@@ -163,17 +163,6 @@ def test_gradient_goal_on_the_cuda_kernels(d, causal, monkeypatch):
         assert c >= 0.998, (n, res[n])
 
 
-def _kernel_counts(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel")):
-    """``fn()``'s launches of the sm90 SageBwd kernels, by name (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = fn()
-        torch.cuda.synchronize()
-    seen = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "sage_sm90::train::" in e.name]
-    return out, {n: sum(f"::{n}<" in s for s in seen) for n in names}
-
-
 @pytest.mark.parametrize("core", ["cuda", None], ids=["cuda", "default"])
 @pytest.mark.parametrize("prologue", ["auto", "op"])
 def test_compiled_llm_trains_on_the_cuda_kernels(core, prologue, monkeypatch):
@@ -191,7 +180,7 @@ def test_compiled_llm_trains_on_the_cuda_kernels(core, prologue, monkeypatch):
     ref, ref_grads = llm_step(model, ids)
     cm = torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train", prologue=prologue))
     llm_step(cm, ids)  # compiles
-    (loss, g), calls = _kernel_counts(lambda: llm_step(cm, ids))
+    (loss, g), calls = sm90_train_launches(lambda: llm_step(cm, ids))
     assert calls == {"fwd_kernel": 2, "dkdv_kernel": 2, "dq_kernel": 2}, calls
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99
