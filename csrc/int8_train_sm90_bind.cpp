@@ -201,16 +201,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 // The same functions as torch ops, torch.ops.<extension name>.{fwd,dkdv,dq} (the namespace is the build's name, so
 // that builds of other knobs load beside it): the traced int8_train ops call these, which torch.compile's graph
 // holds and its generated code calls through the dispatcher, without Python in between. Their outputs are the
-// written (mutated) tensors; the fake implementations (nothing to compute) are registered from Python at load.
+// written (mutated) tensors; the fake implementations (nothing to compute) are registered from Python at load. The
+// causal offset and the output strides are SymInt (the kernels take them as int64_t): with int a traced call under
+// dynamic shapes made them constants, one compile per sequence length (tests/test_traced_train.py).
 TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("fwd(Tensor q8, Tensor qs, Tensor k8, Tensor ks, Tensor v8t, Tensor vs, Tensor(a!) out, Tensor(b!) lse, "
-        "float c, bool causal, int coff, int sob, int soh, int son, Tensor gate, int want) -> ()");
+        "float c, bool causal, SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want) -> ()");
   m.def("dkdv(Tensor q8, Tensor q8t, Tensor qs, Tensor k8, Tensor ks, Tensor v16, Tensor lse2, Tensor delta, "
-        "Tensor do16, Tensor do8t, Tensor sdo, Tensor(a!) dk, Tensor(b!) dv, float c, float sm, bool causal, int coff, "
-        "int sob, int soh, int son, Tensor gate, int want) -> ()");
+        "Tensor do16, Tensor do8t, Tensor sdo, Tensor(a!) dk, Tensor(b!) dv, float c, float sm, bool causal, "
+        "SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want) -> ()");
   m.def("dq(Tensor q8, Tensor qs, Tensor k8, Tensor k8t, Tensor ks, Tensor v16, Tensor kmean, Tensor lse2, "
-        "Tensor delta, Tensor do16, Tensor(a!) dq, float c, float sm, bool causal, int coff, int sob, int soh, "
-        "int son, Tensor gate, int want) -> ()");
+        "Tensor delta, Tensor do16, Tensor(a!) dq, float c, float sm, bool causal, SymInt coff, SymInt sob, "
+        "SymInt soh, SymInt son, Tensor gate, int want) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA, m) {

@@ -88,9 +88,9 @@ def train_prologue(options, device_type: str, site=None) -> str:
     (:func:`sage_compile.ops.attention_train_traced`: torch.compile sees its prologue and launches; the kernels'
     host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA for static sizes (the
     SmolLM2-shape compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), the opaque one
-    for symbolic sizes (tracing the launches makes their integer arguments, strides included, constants: a compile per
-    sequence length, tests/test_traced_train.py), for sites with a mask tensor (the traced op's mask paths have not
-    run on a GPU yet: run 125 failed on the bool mask, since fixed) and on other devices (the CPU reference would be
+    for symbolic sizes and for sites with a mask tensor (neither has run through the traced op on a GPU yet: run 125
+    failed on the bool mask, since fixed; under dynamic shapes the traced op compiled once per length until its
+    extension ops took SymInt strides, tests/test_traced_train.py), and on other devices (the CPU reference would be
     compiled by Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices, whatever the
     site."""
     if options.prologue == "auto":

@@ -30,7 +30,7 @@ if not KQ.EMULATE_FP8:
     pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
 
 CPP_KINDS = {"const at::Tensor&": "T", "at::Tensor&": "T", "double": "f", "bool": "b", "int64_t": "i"}
-SCHEMA_KINDS = {"Tensor": "T", "float": "f", "bool": "b", "int": "i"}
+SCHEMA_KINDS = {"Tensor": "T", "float": "f", "bool": "b", "int": "i", "SymInt": "i"}
 
 
 def test_model_takes_the_bindings_parameters():
