@@ -79,3 +79,21 @@ def test_traced_op_in_a_cuda_graph_replays_the_compiled_step():
     for _ in range(3):
         again = [t.clone() for t in _run(f, qkv, do, None, "top_left", "HND")]
     assert all(torch.equal(a, b) for a, b in zip(again, first))
+
+
+def test_traced_op_under_dynamic_shapes_compiles_once_and_matches():
+    """``dynamic=True`` over three sequence lengths (each more than one 128-query block): one compile (the extension
+    ops take SymInt strides), and each length's O and gradients are the opaque ops'."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    f = torch.compile(lambda q, k, v, m: OPS.attention_train_traced(q, k, v, m, "top_left", None, "HND", "split"),
+                      backend=counter, dynamic=True)
+    for n in (192, 256, 320):
+        qkv, do = _inputs(n=n, seed=n)
+        got = _run(f, qkv, do, None, "top_left", "HND")
+        want = _run(OPS.attention_train, qkv, do, None, "top_left", "HND")
+        for name, a, w in zip(("o", "dq", "dk", "dv"), (got[0], *got[9:]), (want[0], *want[9:])):
+            c, r = cos_rel(a.float(), w.float())
+            assert c > 0.99999 and r < 2e-3, (n, name, c, r)
+    assert counter.frame_count == 1, counter.frame_count
