@@ -125,3 +125,15 @@ def sm90_train_launches(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel")):
         torch.cuda.synchronize()
     seen = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "sage_sm90::train::" in e.name]
     return out, {n: sum(f"::{n}<" in s for s in seen) for n in names}
+
+
+def train_op_schemas() -> dict:
+    """The torch-op schemas of ``csrc/int8_train_sm90_bind.cpp`` (its TORCH_LIBRARY block), name -> ``"name(...) ->
+    ()"``, the string literals' continuation lines joined."""
+    import re
+
+    from sage_compile.kernels import cuda_ext
+
+    with open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]) as f:
+        text = f.read().replace('"\n        "', "")
+    return {name: schema for schema, name in re.findall(r'm\.def\("((\w+)\(.*?\) -> \(\))"\);', text, re.S)}

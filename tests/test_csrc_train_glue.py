@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from helpers import cos_rel
+from helpers import cos_rel, train_op_schemas
 
 if torch.cuda.is_available():
     pytest.skip("GPU machine: the CUDA kernels themselves are tested there", allow_module_level=True)
@@ -44,8 +44,8 @@ def test_model_takes_the_bindings_parameters():
         assert got == kinds, name
         assert re.search(rf'm\.def\("{name}", &{name},', text), name
         # the same function as a torch op (what a traced call's graph holds): its schema's kinds, a CUDA kernel
-        joined = text.replace('"\n        "', "")  # the schema strings' continuation lines
-        schema = re.search(rf'm\.def\("{name}\((.*?)\) -> \(\)"\);', joined, re.S).group(1)
+        schema = train_op_schemas()[name]
+        schema = schema[schema.index("(") + 1:schema.rindex(") -> ")]
         ops_kinds = tuple(SCHEMA_KINDS[p.split()[0].split("(")[0]] for p in schema.split(","))
         assert ops_kinds == kinds, name
         assert re.search(rf'm\.impl\("{name}", &{name}\);', text), name

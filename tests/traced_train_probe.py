@@ -11,17 +11,16 @@ import types
 import torch
 import sage_compile.ops as O
 import sage_compile.kernels.int8_train as KT
-from sage_compile.kernels import cuda_ext
 from sage_compile.kernels.int8_train import cuda as KC
 from functorch.compile import aot_function
+from helpers import train_op_schemas
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
 O._IMPLS[("int8_train", "meta")] = KT.impl
-text = open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]).read().replace('"\n        "', "")
 ns = "sage_probe_ext"
 lib = torch.library.Library(ns, "DEF")
-for name, rest in re.findall(r'm\.def\("(\w+)(\(.*?\) -> \(\))"\);', text):
-    lib.define(name + rest)
+for schema in train_op_schemas().values():
+    lib.define(schema)
 KC._register_fakes(ns)
 KC.load = lambda: types.SimpleNamespace(__name__=ns)
 KC.unsupported = KC.call_rules
