@@ -175,6 +175,9 @@ def decide(site, config, device_type: str) -> Decision:
     prologue = None
     if scheme == "int8_train":
         prologue = train_prologue(config.options, device_type, site)
+        if config.options.prologue == "auto" and device_type == "cuda" and prologue == "op":
+            why_op = "symbolic sizes" if symbolic_sizes(site) else f"a {site.mask_kind} mask tensor"
+            notes.append(f"opaque training ops (auto: {why_op}, not yet run through the traced ops on a GPU)")
     elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):

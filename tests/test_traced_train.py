@@ -43,6 +43,12 @@ def test_masked_sites_keep_the_opaque_op_under_auto(mask_kind, want):
     site = SimpleNamespace(q_shape=(2, 4, 8, 64), k_shape=(2, 2, 8, 64), mask_kind=mask_kind)
     assert policy.train_prologue(config.Options(), "cuda", site) == want
     assert policy.train_prologue(config.Options(prologue="graph"), "cuda", site) == "graph"
+    full = SimpleNamespace(**vars(site), reject_reason=None, dropout_p=0.0, dtype=torch.bfloat16, head_dim=64,
+                           head_dim_v=64, dtypes=(torch.bfloat16,) * 3, hq=4, hkv=2, causal="none",
+                           requires_grad=True)
+    dec = policy.decide(full, config.resolve(kernel="int8_train"), "cuda")
+    assert dec.prologue == want
+    assert any(f"a {mask_kind} mask tensor" in n for n in dec.notes) == (want == "op"), dec.notes
 
 
 def _loss_and_grads(m, ids):
