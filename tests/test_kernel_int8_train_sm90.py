@@ -22,12 +22,12 @@ _COMPILE = textwrap.dedent('''
     from sage_compile.kernels.int8_train import attention as A
 
     NODIV = {"c", "sm", "HQ", "GROUP", "NQB", "NKB", "smb", "smh", "smq", "smk"}
-    FLOATS = {"c", "sm"}
+    FLOATS = {"c", "sm"}  # typed fp64, as Inductor types a Python float handed to a wrap_triton launch on CUDA
 
     def stack(fn, ptrs, const):
         assert fn.arg_names.index("D") in fn.constexprs, fn.__name__ + ": the head dim must be a constexpr"
         const = dict(const, GROUP=1)
-        sig = {n: "constexpr" if n in const else ptrs.get(n, "fp32" if n in FLOATS else "i32") for n in fn.arg_names}
+        sig = {n: "constexpr" if n in const else ptrs.get(n, "fp64" if n in FLOATS else "i32") for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if sig[n] != "constexpr" and n not in NODIV}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
@@ -46,6 +46,11 @@ _COMPILE = textwrap.dedent('''
     fwd = stack(A._fwd_kernel, dict(Q8=i8, QS=f32, K8=i8, KS=f32, V8T=i8, VS=f32, MASK=f32, OUT=b16, LSE=f32), base)
     dq = stack(A._bwd_dq, dict(Q8=i8, QS=f32, K8=i8, K8T=i8, KS=f32, V16=b16, KMEAN=f32, MASK=f32, LSE=f32,
                                DELTA=f32, DO16=b16, DQ=b16), dict(base, PSI_ROWS=True))
+    # dK/dV: only that they compile with fp64 scalars (a loop-carried fp32 turning fp64 fails in the frontend)
+    kv = dict(Q8=i8, Q8T=i8, QS=f32, K8=i8, KS=f32, V16=b16, MASK=f32, LSE=f32, DELTA=f32, DO16=b16, DO8T=i8,
+              SDO=f32, DK=b16, DV=b16)
+    stack(A._bwd_dkdv, kv, dict(base, BLOCK_N=64))
+    stack(A._bwd_dkdv_split, kv, dict(base, BLOCK_M=64, BLOCK_N=128))
     print("STACK", fwd, dq)
 ''')
 
@@ -61,4 +66,4 @@ def test_forward_and_dq_compile_for_sm90_without_spills(tmp_path):
     assert r.stdout.split()[-3:] == ["STACK", "0", "0"], r.stdout
     f2i = [line.split() for line in r.stdout.splitlines() if line.startswith("F2I")]
     # at most one each, before the loop: bh // HQ (an integer division through a reciprocal)
-    assert len(f2i) == 2 and all(int(n) <= 1 for _, _, n in f2i), f2i
+    assert len(f2i) == 4 and all(int(n) <= 1 for _, _, n in f2i), f2i

@@ -140,6 +140,7 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh
     if GATED:  # (see _gate)
         if tl.load(GATE) != WANT:
             return
+    c = tl.cast(c, tl.float32)  # Inductor hands a Python float over as fp64
     q, bh, b, h, bhk, offs_m, rd, min_, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
@@ -312,6 +313,7 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16, DO8T
     if GATED:
         if tl.load(GATE) != WANT:
             return
+    c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
     k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
                                                               BLOCK_N, BLOCK_D, EMULATE)
     ksc = tl.load(KS + bhk * NKB + tl.program_id(0))
@@ -360,6 +362,7 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16
     if GATED:
         if tl.load(GATE) != WANT:
             return
+    c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
     HALF: tl.constexpr = BLOCK_D // 2
     k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
                                                               BLOCK_N, BLOCK_D, EMULATE)
@@ -420,6 +423,7 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, GATE, WANT, LSE, DELTA, DO16,
     if GATED:
         if tl.load(GATE) != WANT:
             return
+    c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
     q, bh, b, h, bhk, offs_m, rd, qin, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + pid_m) * c
