@@ -175,6 +175,7 @@ def main():
             steps[variant](ids)
         _sync(dev)
         first[variant] = time.perf_counter() - t0
+        print(f"{variant}: compiled and warmed up in {first[variant]:.1f} s", flush=True)
     times = {v: [] for v in variants}
     for _ in range(a.rounds):  # the variants' timed steps interleaved: a host slower for a while slows them all
         for variant in variants:
