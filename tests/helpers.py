@@ -116,15 +116,18 @@ def check_bwd_prep(KA, device, dtype, b=2, hq=4, hkv=2, lq=130, lk=77, d=80, lay
     return p
 
 
-def sm90_train_launches(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel")):
-    """``fn()``'s launches of the sm90 SageBwd kernels, by name (torch.profiler)."""
+def train_launches(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel"), sm90=True):
+    """``fn()``'s kernel launches by name (torch.profiler): of the sm90 SageBwd kernels (``sage_sm90::train::<name><``),
+    or with ``sm90=False`` of the Triton kernels whose names start with each of ``names``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = fn()
         torch.cuda.synchronize()
-    seen = [e.name for e in prof.events() if e.device_type.name == "CUDA" and "sage_sm90::train::" in e.name]
-    return out, {n: sum(f"::{n}<" in s for s in seen) for n in names}
+    seen = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    if sm90:
+        return out, {n: sum(f"sage_sm90::train::{n}<" in s for s in seen) for n in names}
+    return out, {n: sum(s.startswith(n) for s in seen) for n in names}
 
 
 def train_op_schemas() -> dict:

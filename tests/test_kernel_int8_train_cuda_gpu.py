@@ -6,7 +6,7 @@ gradient goal holds with every kernel on CUDA; a token count they do not take fa
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, llm_step, poison_cuda_cache, sm90_train_launches
+from helpers import cos_rel, llm_step, poison_cuda_cache, train_launches
 
 import sage_compile
 
@@ -180,7 +180,7 @@ def test_compiled_llm_trains_on_the_cuda_kernels(core, prologue, monkeypatch):
     ref, ref_grads = llm_step(model, ids)
     cm = torch.compile(model, backend=sage_compile.make_backend(kernel="int8_train", prologue=prologue))
     llm_step(cm, ids)  # compiles
-    (loss, g), calls = sm90_train_launches(lambda: llm_step(cm, ids))
+    (loss, g), calls = train_launches(lambda: llm_step(cm, ids))
     assert calls == {"fwd_kernel": 2, "dkdv_kernel": 2, "dq_kernel": 2}, calls
     assert abs(loss.item() - ref.item()) < 0.01 * ref.item()
     assert F.cosine_similarity(g, ref_grads, dim=0) > 0.99
