@@ -83,28 +83,23 @@ def prologue_for(site, options, scheme: str, device_type: str) -> str:
     return "graph"
 
 
+# the mask kinds whose training sites ``auto`` gives the traced op on CUDA: those it has run with on a GPU (runs 128-129:
+# a bool mask, and under dynamic shapes, give the opaque ops' values); an additive mask has not yet
+TRACED_MASK_KINDS = ("none", "bool")
+
+
 def train_prologue(options, device_type: str, site=None) -> str:
     """``graph`` or ``op`` for an ``int8_train`` site: ``graph`` emits the traced op
     (:func:`sage_compile.ops.attention_train_traced`: torch.compile sees its prologue and launches; the kernels'
-    host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA for static sizes (the
-    SmolLM2-shape compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), the opaque one
-    for symbolic sizes and for sites with a mask tensor (neither has run through the traced op on a GPU yet: run 125
-    failed on the bool mask, since fixed; under dynamic shapes the traced op compiled once per length until its
-    extension ops took SymInt strides, tests/test_traced_train.py), and on other devices (the CPU reference would be
-    compiled by Inductor: longer compiles, no speed to gain); ``graph`` on the graph-prologue devices, whatever the
-    site."""
+    host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA (the SmolLM2-shape
+    compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), for static and symbolic sizes
+    alike, without a mask tensor or with a bool one (:data:`TRACED_MASK_KINDS`); the opaque one for an additive
+    mask, and on other devices (the CPU reference would be compiled by Inductor: longer compiles, no speed to gain);
+    ``graph`` on the graph-prologue devices, whatever the site."""
     if options.prologue == "auto":
-        unmasked = site is None or getattr(site, "mask_kind", "none") == "none"
-        return "graph" if device_type == "cuda" and unmasked and not symbolic_sizes(site) else "op"
+        kind = "none" if site is None else getattr(site, "mask_kind", "none")
+        return "graph" if device_type == "cuda" and kind in TRACED_MASK_KINDS else "op"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
-
-
-def symbolic_sizes(site) -> bool:
-    """Whether any of ``site``'s q/k sizes is symbolic (dynamic shapes); False for an unknown site."""
-    if site is None:
-        return False
-    shapes = [s for s in (getattr(site, "q_shape", None), getattr(site, "k_shape", None)) if s is not None]
-    return any(isinstance(x, torch.SymInt) for shape in shapes for x in shape)
 
 
 @dataclasses.dataclass
@@ -176,8 +171,8 @@ def decide(site, config, device_type: str) -> Decision:
     if scheme == "int8_train":
         prologue = train_prologue(config.options, device_type, site)
         if config.options.prologue == "auto" and device_type == "cuda" and prologue == "op":
-            why_op = "symbolic sizes" if symbolic_sizes(site) else f"a {site.mask_kind} mask tensor"
-            notes.append(f"opaque training ops (auto: {why_op}, not yet run through the traced ops on a GPU)")
+            notes.append(f"opaque training ops (auto: a {site.mask_kind} mask tensor has not yet run through the traced "
+                         "ops on a GPU)")
     elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):
