@@ -33,3 +33,36 @@ def test_idle_is_credited_to_the_outermost_host_op_before_the_launch():
     assert credit["aten::mm"] == 40
     assert credit["(launch latency)"] == 10 + 5
     assert "aten::empty" not in credit and not any(k.startswith("##") for k in credit)
+
+
+def test_kernels_per_step_and_their_difference():
+    ev = [_x("kernel", "triton_poi_fused_add_3", 0, 1000), _x("kernel", "triton_poi_fused_add_7", 0, 3000),
+          _x("kernel", "fwd_kernel", 0, 500), _x("cpu_op", "aten::mm", 0, 9)]
+    a = trace_gaps.kernels(ev, steps=2)
+    assert a == {"triton_poi_fused_add": (1.0, 2.0), "fwd_kernel": (0.5, 0.25)}
+    b = trace_gaps.kernels(ev[:1], steps=1)
+    assert trace_gaps.kernel_diff(a, b, top=5) == [("fwd_kernel", 0.5, 0.25, 0.0, 0.0),
+                                                  ("triton_poi_fused_add", 1.0, 2.0, 1.0, 1.0)]
+
+
+def test_a_truncated_gzip_trace_is_read_to_its_last_whole_event(tmp_path, capsys):
+    import gzip
+    import json
+
+    ev = [_x("kernel", f"k{i}", 10 * i, 5) for i in range(50)]
+    text = json.dumps({"schemaVersion": 1, "traceEvents": ev}, indent=2)  # "  {" ... "  }" blocks, as the profiler
+    text = text.replace('\n    {', '\n  {').replace('\n    }', '\n  }')
+    assert trace_gaps.load(_write(tmp_path / "whole.json.gz", text.encode())) == ev
+    raw = gzip.compress(text.encode())
+    got = trace_gaps.load(_write(tmp_path / "cut.json.gz", raw[: len(raw) * 2 // 3]))
+    assert 0 < len(got) < len(ev) and got == ev[: len(got)]
+    assert "truncated trace" in capsys.readouterr().err
+
+
+def _write(path, data: bytes) -> str:
+    import gzip
+
+    if data[:2] != b"\x1f\x8b":
+        data = gzip.compress(data)
+    path.write_bytes(data)
+    return str(path)
