@@ -75,13 +75,18 @@ def test_compiled_model_trains_through_the_traced_op_as_through_the_opaque_one()
     assert torch.nn.functional.cosine_similarity(traced[1], opaque[1], dim=0) > 0.9999
 
 
-def _probe(*args):
+def _probe_out(*args) -> str:
+    """The stdout of ``traced_train_probe.py args`` (run without TRITON_INTERPRET)."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     probe = os.path.join(os.path.dirname(__file__), "traced_train_probe.py")
     out = subprocess.run([sys.executable, probe, *args], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    return [set(g) for g in json.loads(out.stdout.strip().splitlines()[-1])]
+    return out.stdout
+
+
+def _probe(*args):
+    return [set(g) for g in json.loads(_probe_out(*args).strip().splitlines()[-1])]
 
 
 def test_kernels_host_code_traces_into_launches_and_extension_ops():
@@ -92,6 +97,22 @@ def test_kernels_host_code_traces_into_launches_and_extension_ops():
     assert {"aten.mean", "triton:_quant_qkv", "sage_probe_ext.fwd"} <= fwd, fwd
     assert {"triton:_bwd_prep", "sage_probe_ext.dkdv", "sage_probe_ext.dq"} <= bwd, bwd
     assert not any(n.startswith("sage_compile.") for n in fwd | bwd), (fwd, bwd)
+
+
+# what each Triton kernel of the traced ops writes: the tensors it fills, nothing it only reads
+WRITES = {"_quant_qkv": {"Q8", "K8", "V8", "V8T", "QS", "KS", "VS"},
+          "_bwd_prep": {"DELTA", "LSE2", "DO16", "DO8T", "SDO", "Q8T", "K8T", "V16"},
+          "_fwd_kernel": {"OUT", "LSE"}, "_bwd_dkdv_split": {"DK", "DV"}, "_bwd_dq": {"DQ"},
+          "_key_range": {"KRANGE", "BAD"}, "_mask_mismatch": {"BAD", "FLAG"}, "_gate": {"GATE"}}
+
+
+def test_traced_kernels_write_only_their_outputs():
+    """torch's analysis of the Triton kernels under ``wrap_triton`` (their TTIR, for an sm90 target) finds each
+    writing only its outputs, over the sm90 path and the Triton one with a bool mask. Where it takes an input for
+    written (it did q, k, v for the prologue, q̂ for the forward and dQ, k̂ and V̂ for dK/dV: index helpers that took
+    the tensor's pointer), Inductor clones that input for every launch."""
+    written = json.loads(_probe_out("accesses").strip().splitlines()[-1])
+    assert {k: set(v) for k, v in written.items()} == WRITES
 
 
 def test_traced_op_compiles_once_for_three_sequence_lengths():

@@ -2,13 +2,17 @@
 wrapped for tracing): AOTAutograd traces the traced ``int8_train`` op's forward and backward on meta tensors through
 the kernels' host code (the CUDA path, with a stand-in extension whose torch ops have the schemas of
 ``csrc/int8_train_sm90_bind.cpp``: its TORCH_LIBRARY block), and prints each graph's ops (Triton kernels as
-``triton:<name>``) as JSON; with ``dynamic``, the graphs torch.compile(dynamic=True) makes over three lengths."""
+``triton:<name>``) as JSON; with ``dynamic``, the graphs torch.compile(dynamic=True) makes over three lengths; with
+``accesses``, the tensors torch's analysis of each Triton kernel finds written (what it clones for the kernel, and
+writes back where it is an input), over the sm90 path without a mask and the Triton path with a head-shared bool
+mask: ``{kernel: [written argument, ...]}``."""
 import json
 import re
 import sys
 import types
 
 import torch
+import triton
 import sage_compile.ops as O
 import sage_compile.kernels.int8_train as KT
 from sage_compile.kernels.int8_train import cuda as KC
@@ -16,6 +20,10 @@ from functorch.compile import aot_function
 from helpers import train_op_schemas
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
+# no GPU here: a stand-in driver naming an sm90 target, so that torch reads each Triton kernel's TTIR to find the
+# tensors it writes (without one it assumes every argument written, dO and the saved O included, as on no GPU)
+from triton.backends.compiler import GPUTarget  # noqa: E402
+triton.runtime.driver.set_active(types.SimpleNamespace(get_current_target=lambda: GPUTarget("cuda", 90, 32)))
 O._IMPLS[("int8_train", "meta")] = KT.impl
 ns = "sage_probe_ext"
 lib = torch.library.Library(ns, "DEF")
@@ -44,6 +52,29 @@ def inputs(n):
     return (q, *(torch.empty(1, 2, n, 64, dtype=torch.bfloat16, device="meta", requires_grad=True) for _ in range(2)))
 
 
+if sys.argv[1:] == ["accesses"]:
+    import torch._higher_order_ops.triton_kernel_wrap as W
+
+    entry = "identify_accessed_tensors" if hasattr(W, "identify_accessed_tensors") else "identify_mutated_tensors"
+    written, analyse = {}, getattr(W, entry)  # (torch 2.13; older ones return the written names)
+
+    def recording(kernel, kwargs, *rest):
+        acc = analyse(kernel, kwargs, *rest)
+        names = [d.name for d in acc.read_writes.writes] if hasattr(acc, "read_writes") else list(acc)
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
+        written.setdefault(name, set()).update(n for n in names if isinstance(kwargs.get(n), torch.Tensor))
+        return acc
+
+    setattr(W, entry, recording)
+    aot_function(f, fw_compiler=comp, bw_compiler=comp)(*inputs(128)).sum().backward()  # the sm90 path
+    KC.unsupported = lambda *a, **k: "probe: the Triton kernels"
+    def g(q, k, v, mask):
+        return torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
+
+    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
+    aot_function(g, fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
+    print(json.dumps({k: sorted(v) for k, v in written.items()}))
+    sys.exit()
 if sys.argv[1:] == ["dynamic"]:  # torch.compile(dynamic=True) over three sequence lengths: the graphs compiled
     from torch._dynamo.backends.common import aot_autograd
 

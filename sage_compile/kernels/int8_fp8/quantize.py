@@ -41,13 +41,20 @@ def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: 
 
 
 @triton.jit
-def token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """:func:`_token_tile` of token block ``blk`` of (batch x head) ``bh``."""
-    b = bh // H
-    h = bh % H
+def token_tile_index(bh, blk, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``(b, h, rn, rd, inb)`` of token block ``blk`` of (batch x head) ``bh``: batch, head, token and channel
+    indices, and where they are in bounds. No pointer goes in: torch's analysis of the tensors a traced
+    (``wrap_triton``) kernel writes follows a store's offsets back into every argument of the calls that made them,
+    and would take a tensor handed to such a call for written."""
     rn = blk * BLOCK_N + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
-    inb = (rn[:, None] < N) & (rd[None, :] < D)
+    return bh // H, bh % H, rn, rd, (rn[:, None] < N) & (rd[None, :] < D)
+
+
+@triton.jit
+def token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """:func:`_token_tile` of token block ``blk`` of (batch x head) ``bh``."""
+    b, h, rn, rd, inb = token_tile_index(bh, blk, H, N, D, BLOCK_N, BLOCK_D)
     x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
     return x, bh, b, h, rn, rd, inb
 

@@ -118,9 +118,12 @@ def _tile_mask(rows, LIMIT, rd, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _query_tile(Q8, HQ, GROUP, LQ, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's BLOCK_M queries of one (batch, query head): ``(q̂ tile, bh, b, h, bhk (its kv head),
-    query offsets, channel offsets, in-bounds query mask, in-bounds tile mask)``."""
+def _query_tile(HQ, GROUP, LQ, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's BLOCK_M queries of one (batch, query head): ``(bh, b, h, bhk (its kv head), query offsets,
+    channel offsets, in-bounds query mask, in-bounds tile mask)``; q̂'s tile is :func:`_rows` of them. (The
+    index helpers take no pointer: torch's analysis of what a traced, ``wrap_triton``, kernel writes follows a
+    store's offsets back into every argument of the calls that made them, and takes a tensor handed to such a
+    call for written: then Inductor clones it for each launch.)"""
     pid_m, bh = tl.program_id(0), tl.program_id(1)
     b, h = bh // HQ, bh % HQ
     bhk = b * (HQ // GROUP) + h // GROUP
@@ -128,8 +131,14 @@ def _query_tile(Q8, HQ, GROUP, LQ, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK
     rd = tl.arange(0, BLOCK_D)
     qin = offs_m < LQ
     inb = _tile_mask(offs_m, LQ, rd, D, BLOCK_D)
-    q = tl.load(Q8 + (bh * LQ + offs_m[:, None]) * D + rd[None, :], mask=inb, other=0)
-    return q, bh, b, h, bhk, offs_m, rd, qin, inb
+    return bh, b, h, bhk, offs_m, rd, qin, inb
+
+
+@triton.jit
+def _rows(X, bh, rows, rd, N, D: tl.constexpr, inb, other):
+    """Rows ``rows`` x channels ``rd`` of (batch x head) ``bh`` of a contiguous (B*H, N, D) X (``other`` out of
+    bounds)."""
+    return tl.load(X + (bh * N + rows[:, None]) * D + rd[None, :], mask=inb, other=other)
 
 
 @triton.jit
@@ -141,7 +150,8 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh
         if tl.load(GATE) != WANT:
             return
     c = tl.cast(c, tl.float32)  # Inductor hands a Python float over as fp64
-    q, bh, b, h, bhk, offs_m, rd, min_, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    bh, b, h, bhk, offs_m, rd, min_, inb = _query_tile(HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    q = _rows(Q8, bh, offs_m, rd, LQ, D, inb, 0)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + offs_m // 128, mask=min_, other=0.0) * c
     coff = LK - LQ if CAUSAL == 2 else 0
@@ -266,10 +276,10 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
 
 
 @triton.jit
-def _key_block(K8, V16, HQ, GROUP, LQ, LK, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
-    """This dK/dV program's BLOCK_N keys of one (batch, kv head): ``(k̂ tile, V̂ 16-bit tile, b, kv head,
-    bhk, key offsets, channel offsets, in-bounds tile mask, causal offset, first query block)``."""
+def _key_block(HQ, GROUP, LQ, LK, D: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This dK/dV program's BLOCK_N keys of one (batch, kv head): ``(b, kv head, bhk, key offsets, channel offsets,
+    in-bounds tile mask, causal offset, first query block)`` (no pointer in: see :func:`_query_tile`)."""
     pid_n, bhk = tl.program_id(0), tl.program_id(1)
     HKV = HQ // GROUP
     b, hk = bhk // HKV, bhk % HKV
@@ -277,13 +287,11 @@ def _key_block(K8, V16, HQ, GROUP, LQ, LK, D: tl.constexpr, CAUSAL: tl.constexpr
     offs_n = n0 + tl.arange(0, BLOCK_N)
     rd = tl.arange(0, BLOCK_D)
     kv = _tile_mask(offs_n, LK, rd, D, BLOCK_D)
-    k = tl.load(K8 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0)
-    v16 = _mm16(tl.load(V16 + (bhk * LK + offs_n[:, None]) * D + rd[None, :], mask=kv, other=0.0), EMULATE)
     coff = LK - LQ if CAUSAL == 2 else 0
     lo = 0
     if CAUSAL != 0:
         lo = (tl.maximum(0, n0 - coff) // BLOCK_M) * BLOCK_M
-    return k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo
+    return b, hk, bhk, offs_n, rd, kv, coff, lo
 
 
 @triton.jit
@@ -314,8 +322,9 @@ def _bwd_dkdv(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16, DO8T
         if tl.load(GATE) != WANT:
             return
     c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
-    k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
-                                                              BLOCK_N, BLOCK_D, EMULATE)
+    b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D)
+    k = _rows(K8, bhk, offs_n, rd, LK, D, kv, 0)
+    v16 = _mm16(_rows(V16, bhk, offs_n, rd, LK, D, kv, 0.0), EMULATE)
     ksc = tl.load(KS + bhk * NKB + tl.program_id(0))
     # transposed once here, so their shared-memory copies are made once, not per query block
     kT, v16T = tl.trans(k), tl.trans(v16)
@@ -364,8 +373,9 @@ def _bwd_dkdv_split(Q8, Q8T, QS, K8, KS, V16, MASK, GATE, WANT, LSE, DELTA, DO16
             return
     c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
     HALF: tl.constexpr = BLOCK_D // 2
-    k, v16, b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(K8, V16, HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M,
-                                                              BLOCK_N, BLOCK_D, EMULATE)
+    b, hk, bhk, offs_n, rd, kv, coff, lo = _key_block(HQ, GROUP, LQ, LK, D, CAUSAL, BLOCK_M, BLOCK_N, BLOCK_D)
+    k = _rows(K8, bhk, offs_n, rd, LK, D, kv, 0)
+    v16 = _mm16(_rows(V16, bhk, offs_n, rd, LK, D, kv, 0.0), EMULATE)
     r0 = tl.arange(0, HALF)
     r1 = HALF + r0
     ksc = tl.load(KS + bhk * NKB + offs_n // 64, mask=offs_n < LK, other=0.0) * c  # K scales: 64 tokens each
@@ -424,7 +434,8 @@ def _bwd_dq(Q8, QS, K8, K8T, KS, V16, KMEAN, MASK, GATE, WANT, LSE, DELTA, DO16,
         if tl.load(GATE) != WANT:
             return
     c, sm = tl.cast(c, tl.float32), tl.cast(sm, tl.float32)  # Inductor hands Python floats over as fp64
-    q, bh, b, h, bhk, offs_m, rd, qin, inb = _query_tile(Q8, HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    bh, b, h, bhk, offs_m, rd, qin, inb = _query_tile(HQ, GROUP, LQ, D, BLOCK_M, BLOCK_D)
+    q = _rows(Q8, bh, offs_m, rd, LQ, D, inb, 0)
     pid_m = tl.program_id(0)
     qsc = tl.load(QS + bh * NQB + pid_m) * c
     lse2 = _lse2(tl.load(LSE + bh * LQ + offs_m, mask=qin, other=float("-inf")))
