@@ -22,7 +22,7 @@ from .reference import fp4 as _ref_fp4
 from .reference import int8_fp8 as _ref_int8_fp8
 from .reference import int8_fp16 as _ref_int8_fp16
 from .reference import int8_train as _ref_int8_train
-from .reference.layout import LAYOUTS, out_shape
+from .reference.layout import LAYOUTS, as_token_major, out_shape, token_major_empty
 
 CAUSAL = ("none", "top_left", "bottom_right")
 QUANT_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")
@@ -242,7 +242,7 @@ def _train_forward(q, k, v, attn_mask, causal, scale, layout, psi):
     if psi not in ("tile", "split"):
         raise ValueError(f"sage_compile: int8_train_psi must be 'tile' or 'split', got {psi!r}")
     o, lse, qt = impl_for("int8_train", q.device.type).quantize_forward(q, k, v, attn_mask, causal, scale, layout)
-    return (o.contiguous(), lse, *_contig(qt))
+    return (as_token_major(o, layout), lse, *_contig(qt))
 
 
 @attention_train.register_fake
@@ -251,7 +251,7 @@ def _(q, k, v, attn_mask, causal, scale, layout, psi="split"):
     hkv, nk = _hnd(k, layout)[1:3]
     f32, i8 = torch.float32, torch.int8
     nqb, nkb = -(-nq // _ref_int8_train.BLOCK_M), -(-nk // _ref_int8_train.BLOCK_N)
-    return (q.new_empty(q.shape), q.new_empty((b, hq, nq), dtype=f32),
+    return (token_major_empty(b, hq, nq, d, layout, dtype=q.dtype, device=q.device), q.new_empty((b, hq, nq), dtype=f32),
             q.new_empty((b, hq, nq, d), dtype=i8), q.new_empty((b, hq, nqb), dtype=f32),
             q.new_empty((b, hkv, nk, d), dtype=i8), q.new_empty((b, hkv, nkb), dtype=f32),
             q.new_empty((b, hkv, nk, d), dtype=i8), q.new_empty((b, hkv, nkb), dtype=f32),
@@ -271,14 +271,16 @@ def _train_backward_impl(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, 
     impl = impl_for("int8_train", q8.device.type)
     dq, dk, dv = impl.backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal, scale, layout, o.dtype,
                                attn_mask=attn_mask, psi=psi)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    return tuple(as_token_major(t, layout) for t in (dq, dk, dv))
 
 
 @attention_train_backward.register_fake
 def _(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, attn_mask, causal, scale, layout, psi="split"):
-    b, hkv, nk, d = k8.shape
-    kshape = out_shape(b, hkv, nk, d, layout)
-    return o.new_empty(o.shape), o.new_empty(kshape), o.new_empty(kshape)
+    b, hq, nq, d = q8.shape
+    hkv, nk = k8.shape[1:3]
+    kw = dict(dtype=o.dtype, device=o.device)
+    return (token_major_empty(b, hq, nq, d, layout, **kw), token_major_empty(b, hkv, nk, d, layout, **kw),
+            token_major_empty(b, hkv, nk, d, layout, **kw))
 
 
 def _train_setup(ctx, inputs, output):
@@ -291,7 +293,8 @@ def _train_setup(ctx, inputs, output):
 def _backward_through(op):
     def backward(ctx, grad_o, grad_lse, *_quantized):
         *qt, o, lse, attn_mask = ctx.saved_tensors
-        dq, dk, dv = op(*qt, o, lse, grad_o.contiguous(), attn_mask, ctx.causal, ctx.scale, ctx.layout, ctx.psi)
+        do = grad_o if grad_o.stride(-1) == 1 else grad_o.contiguous()  # (the kernels read dO at its strides)
+        dq, dk, dv = op(*qt, o, lse, do, attn_mask, ctx.causal, ctx.scale, ctx.layout, ctx.psi)
         return dq, dk, dv, None, None, None, None, None
 
     return backward

@@ -83,6 +83,31 @@ def test_gradients_are_exact_sdpa_gradients(scheme):
         assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_attention_train_returns_o_and_gradients_token_major(layout):
+    """O, dQ, dK and dV come back stored token-major ((B, N, H, D) in memory) in either layout, as SDPA's flash and
+    cuDNN kernels return them: a model's ``o.transpose(1, 2).reshape(B, N, H*D)`` and the gradient of a head-split
+    projection are then views (Inductor copied them before); the fake kernels say the same strides (opcheck)."""
+    g = torch.Generator().manual_seed(5)
+
+    def make(h):
+        shape = (1, h, 40, 32) if layout == "HND" else (1, 40, h, 32)
+        return torch.randn(shape, generator=g)
+
+    def token_major(t):
+        return (t.transpose(1, 2) if layout == "HND" else t).is_contiguous()
+
+    q, k, v = make(4), make(2), make(2)
+    out = torch.ops.sage_compile.attention_train(q, k, v, None, "top_left", None, layout)
+    assert token_major(out[0]) and (layout == "NHD") == out[0].is_contiguous()
+    go = torch.randn(out[0].shape, generator=g).transpose(1, 2).contiguous().transpose(1, 2)  # dO as autograd hands it
+    args = (*out[2:], out[0], out[1], go, None, "top_left", None, layout)
+    grads = torch.ops.sage_compile.attention_train_backward(*args)
+    assert all(token_major(t) for t in grads), [t.stride() for t in grads]
+    torch.library.opcheck(torch.ops.sage_compile.attention_train.default, (q, k, v, None, "top_left", None, layout))
+    torch.library.opcheck(torch.ops.sage_compile.attention_train_backward.default, args)
+
+
 def test_attention_train_op_and_sagebwd_gradients():
     g = torch.Generator().manual_seed(3)
     q = torch.randn(1, 4, 40, 32, generator=g, requires_grad=True)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
-from ...reference.layout import out_shape
+from ...reference.layout import token_major_empty
 from .._common import CAUSAL_CODES, EMULATE_FP8, bhn_strides, cdiv, launch, mask_view, pow2, rne
 from .quantize import BLOCK_KV, BLOCK_Q, copy_tokens_last, quantize_vt, store_tokens_last, tokens_last
 
@@ -576,7 +576,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
-    out = torch.empty(out_shape(b, hq, lq, d, layout), dtype=out_dtype, device=q8.device)
+    out = token_major_empty(b, hq, lq, d, layout, dtype=out_dtype, device=q8.device)
     sob, soh, son = bhn_strides(out, layout)
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q8.device)
     c = (1.0 / math.sqrt(d) if scale is None else float(scale)) * LOG2E
@@ -624,7 +624,8 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     ``BLOCK_N``, the keys per program of the split dK/dV kernel, 128 or 64) bypasses autotuning."""
     if psi not in ("tile", "split"):
         raise ValueError(f"int8_train: psi must be 'tile' or 'split', got {psi!r}")
-    q8, qs, k8, ks, v8, vs, o, lse, do = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs, o, lse, do))
+    q8, qs, k8, ks, v8, vs, lse = (t.contiguous() for t in (q8, qs, k8, ks, v8, vs, lse))
+    o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (o, do))  # read at their strides (bwd_prep)
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     _check(d)
@@ -633,9 +634,9 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     c = sm * LOG2E
     bd = max(16, pow2(d))
     nqb, nkb = qs.shape[-1], ks.shape[-1]
-    dq = torch.empty(o.shape, dtype=in_dtype, device=dev)
-    dk = torch.empty(out_shape(b, hkv, lk, d, layout), dtype=in_dtype, device=dev)
-    dv = torch.empty_like(dk)
+    dq = token_major_empty(b, hq, lq, d, layout, dtype=in_dtype, device=dev)
+    dk = token_major_empty(b, hkv, lk, d, layout, dtype=in_dtype, device=dev)
+    dv = token_major_empty(b, hkv, lk, d, layout, dtype=in_dtype, device=dev)
     if lq == 0 or lk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
 
