@@ -22,6 +22,7 @@ import collections
 import gzip
 import json
 import re
+import sys
 import zlib
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -45,8 +46,6 @@ def load(path: str) -> list:
     if cut < 0:
         raise ValueError(f"{path}: truncated before its first whole event")
     events = json.loads(text[:cut] + "\n  }\n]}")["traceEvents"]
-    import sys
-
     print(f"{path}: truncated trace, read its first {len(events)} events", file=sys.stderr)
     return events
 

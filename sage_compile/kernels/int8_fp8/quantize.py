@@ -52,11 +52,16 @@ def token_tile_index(bh, blk, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.conste
 
 
 @triton.jit
+def load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd):
+    """The fp32 values of X at batch ``b``, head ``h``, tokens ``rn`` x channels ``rd`` (0 where not ``inb``)."""
+    return tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """:func:`_token_tile` of token block ``blk`` of (batch x head) ``bh``."""
     b, h, rn, rd, inb = token_tile_index(bh, blk, H, N, D, BLOCK_N, BLOCK_D)
-    x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
-    return x, bh, b, h, rn, rd, inb
+    return load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd), bh, b, h, rn, rd, inb
 
 
 @triton.jit

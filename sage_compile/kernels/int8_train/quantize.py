@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, launch, pow2, recip
-from ..int8_fp8.quantize import _max_nan, int8_values, token_tile_index
+from ..int8_fp8.quantize import _max_nan, int8_values, load_token_tile, token_tile_index
 
 BLOCK_Q, BLOCK_KV = 128, 64
 _BQ, _BKV = tl.constexpr(BLOCK_Q), tl.constexpr(BLOCK_KV)  # (inside kernels)
@@ -45,7 +45,7 @@ def _quant_tile(X, MEAN, Y, YT, S, bh, blk, sxb, sxh, sxn, sxd, H, N, D, NBLK, H
     quotients through the scale's reciprocal (:func:`div_by`, exact for scales in its range; IEEE divisions for
     any other scale, NaN and inf included: the same bits either way)."""
     b, h, rn, rd, inb = token_tile_index(bh, blk, H, N, D, BLOCK_N, BLOCK_D)  # (no pointer in: see there)
-    x = tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
+    x = load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd)
     bh = bh.to(tl.int64)  # (64-bit offsets: B*H*N*D may pass 2^31)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
