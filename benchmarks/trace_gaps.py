@@ -10,7 +10,7 @@ before the GPU went idle is ``(launch latency)``. Per trace: the total GPU idle 
 traces are given the kernels whose counts differ most between them. A trace cut off while written (a gzip stream
 without its end, the time limit of a run) is read up to its last whole event, and said so.
 
-    python benchmarks/trace_gaps.py TRACE.json.gz [TRACE2.json.gz ...] [--top 25] [--min-us 2] [--kernels --steps 2]
+    python benchmarks/trace_gaps.py TRACE.json.gz [TRACE2.json.gz ...] [--top 25] [--min-us 2] [--kernels --steps 3]
 
 (``train_step.py --trace PREFIX`` writes such traces.)
 """
@@ -140,7 +140,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--min-us", type=float, default=2.0, help="gaps shorter than this are not counted")
     ap.add_argument("--kernels", action="store_true", help="also the kernels by name, per step")
-    ap.add_argument("--steps", type=float, default=1.0, help="steps in each trace (train_step.py --trace: 2)")
+    ap.add_argument("--steps", type=float, default=1.0, help="steps in each trace (train_step.py --trace: 3)")
     a = ap.parse_args()
     per = []
     for path in a.traces:

@@ -81,8 +81,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def profile(step, ids, device: str, steps: int = 3):
-    """Per step: (kernels' CUDA ms, kernel launches, host syncs, Counter of ms by kernel name) from torch.profiler."""
+def profile(step, ids, device: str, steps: int = 3, trace=None):
+    """Per step: (kernels' CUDA ms, kernel launches, host syncs, Counter of ms by kernel name) from torch.profiler;
+    with ``trace``, the same steps' Chrome trace (host ops of every thread, runtime calls, kernels) written there."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof_ctx
 
@@ -98,6 +99,9 @@ def profile(step, ids, device: str, steps: int = 3):
             launches += 1
         elif any(s in e.name for s in SYNCS):
             syncs += 1
+    if trace:
+        prof.export_chrome_trace(trace)
+        print("wrote", trace, flush=True)
     return sum(by_name.values()), launches / steps, syncs / steps, by_name
 
 
@@ -127,21 +131,6 @@ def host_profile(step, ids, device: str, top: int, steps: int = 3):
     st.sort_stats("cumulative").print_stats(top)
 
 
-def write_trace(step, ids, device: str, path: str, steps: int = 2):
-    """torch.profiler's Chrome trace (host ops of every thread, runtime calls, kernels) of ``steps`` synchronized
-    steps, gzipped, to ``path``."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof_ctx
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with prof_ctx(activities=acts) as prof:
-        for _ in range(steps):
-            step(ids)
-        _sync(device)
-    prof.export_chrome_trace(path)
-    print("wrote", path, flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
@@ -157,8 +146,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--cprofile", type=int, default=0, help="then print this many of the largest host costs over 3 "
                     "steps (torch.profiler's CPU ops, cProfile's Python functions)")
-    ap.add_argument("--trace", default=None, help="then write torch.profiler's Chrome trace of 2 steps to "
-                    "TRACE_<variant>.json.gz (read it with trace_gaps.py)")
+    ap.add_argument("--trace", default=None, help="also write the profiled steps' Chrome trace (3 steps) to "
+                    "TRACE_<variant>.json.gz (read it with trace_gaps.py --steps 3)")
     a = ap.parse_args()
     dev = a.device
     ids = torch.randint(0, SMOLLM2["vocab_size"], (a.batch, a.seq + 1), device=dev,
@@ -187,7 +176,7 @@ def main():
     for variant in variants:
         step = steps[variant]
         ms = statistics.median(times[variant])
-        busy, launches, syncs, by_name = profile(step, ids, dev)
+        busy, launches, syncs, by_name = profile(step, ids, dev, trace=a.trace and f"{a.trace}_{variant}.json.gz")
         print(f"{variant}: step {ms:.1f} ms (median of {a.rounds} x {a.steps}; warm-up incl. compile "
               f"{first[variant]:.1f} s), kernels {busy:.1f} ms a step ({launches:.0f} launches), GPU idle "
               f"{ms - busy:.1f} ms, host syncs {syncs:.0f} a step", flush=True)
@@ -195,8 +184,6 @@ def main():
             print(f"    {t:8.3f} ms  {name}")
         if a.cprofile:
             host_profile(step, ids, dev, a.cprofile)
-        if a.trace:
-            write_trace(step, ids, dev, f"{a.trace}_{variant}.json.gz")
         kernel = dict(sdpa="sdpa_inductor", sage="sage_int8_train", sage_op="sage_int8_train_op")[variant]
         note = (f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; median of "
                 f"{a.rounds} rounds of {a.steps} steps, the variants interleaved")

@@ -83,8 +83,8 @@ def prologue_for(site, options, scheme: str, device_type: str) -> str:
     return "graph"
 
 
-# the mask kinds whose training sites ``auto`` gives the traced op on CUDA: those it has run with on a GPU (runs 128-129:
-# a bool mask, and under dynamic shapes, give the opaque ops' values); an additive mask has not yet
+# the mask kinds whose training sites ``auto`` gives the traced op on CUDA: those it has run with on a GPU (a bool
+# mask, run 128, and dynamic shapes, run 126: the opaque ops' values); an additive mask has not yet
 TRACED_MASK_KINDS = ("none", "bool")
 
 
