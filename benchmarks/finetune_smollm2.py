@@ -3,6 +3,7 @@ length 2048, once compiled with Inductor (bf16 SDPA) and once with ``backend="sa
 (``kernel="int8_train"``: SageBwd forward and backward), same seed, same data order, same optimizer.
 
     python benchmarks/finetune_smollm2.py --out benchmarks/results/finetune_smollm2_h200.json [--steps 200]
+        [--variants sdpa,sage_split] [--mode reduce-overhead]
 
 fp32 master weights, bf16 autocast (attention gets bf16 q/k/v), AdamW lr 1e-4 (20 warm-up steps, then
 constant), batch 2 x 2048 tokens of the ``train`` split in a seeded random order. Records ``step``/``loss``
@@ -45,7 +46,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def train(variant, data, steps, lr, device):
+def train(variant, data, steps, lr, device, mode=None):
     import sage_compile
 
     model, _ = smollm2.load(dtype=torch.float32, device=device)
@@ -58,7 +59,7 @@ def train(variant, data, steps, lr, device):
     backend = ("inductor" if variant == "sdpa" else
                sage_compile.make_backend(kernel="int8_train", int8_train_psi=PSI[variant]))
     sage_compile.debug.clear_reports()
-    cm = torch.compile(model, backend=backend)
+    cm = torch.compile(model, backend=backend, mode=mode)
     losses, times = [], []
     for step in range(steps):
         x = data[step].to(device)
@@ -71,7 +72,9 @@ def train(variant, data, steps, lr, device):
         if step % 20 == 0 or step == steps - 1:
             print(f"{variant:10s} step {step:4d} loss {loss.item():.4f} {times[-1] * 1e3:8.1f} ms", flush=True)
     rows = [r for rep in sage_compile.debug.last_reports() for r in rep]
-    sites = f"{sum(r['decision'] == 'int8_train' for r in rows)}/{len(rows)} sites int8_train" if rows else "no sage sites"
+    n_train = sum(r["decision"] == "int8_train" for r in rows)
+    n_traced = sum(r["decision"] == "int8_train" and r["prologue"] == "graph" for r in rows)
+    sites = (f"{n_train}/{len(rows)} sites int8_train ({n_traced} on the traced ops)" if rows else "no sage sites")
     del cm, model, opt
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -90,6 +93,7 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--variants", default="sdpa,sage", help="sdpa, sage (ψ per tile), sage_split (ψ per row)")
     a = ap.parse_args()
     import triton
@@ -103,14 +107,15 @@ def main():
     for variant, kernel in KERNELS.items():
         if variant not in a.variants.split(","):
             continue
-        losses, times, sites = train(variant, data, a.steps, a.lr, a.device)
+        losses, times, sites = train(variant, data, a.steps, a.lr, a.device, a.mode)
         curves[variant] = losses
         for s, l in enumerate(losses):
             recs.append(dict(meta, kernel=kernel, variant="finetune", step=s, metric="loss", value=l))
         step_ms = statistics.median(times[min(5, len(times) - 1):]) * 1e3
         last = statistics.mean(losses[-20:])
         recs.append(dict(meta, kernel=kernel, variant="finetune", metric="ms", value=step_ms,
-                         note=f"median step time after 5 steps (first step incl. compile {times[0]:.1f} s); {sites}"))
+                         note=f"median step time after 5 steps (first step incl. compile {times[0]:.1f} s); {sites}; "
+                              f"mode={a.mode}"))
         recs.append(dict(meta, kernel=kernel, variant="finetune_last20", metric="loss", value=last))
         print(f"{variant}: last-20 mean loss {last:.4f}, step {step_ms:.1f} ms, first step {times[0]:.1f} s, {sites}",
               flush=True)

@@ -30,7 +30,8 @@ def build_report(sites, decisions) -> list[dict]:
     rows = []
     for s, d in zip(sites, decisions):
         row = s.describe()
-        row.update({"decision": d.scheme or "kept", "reason": d.reason, "notes": list(d.notes)})
+        row.update({"decision": d.scheme or "kept", "reason": d.reason, "notes": list(d.notes),
+                    "prologue": d.prologue})
         rows.append(row)
     return rows
 
