@@ -3,7 +3,7 @@ on the GPU: eager, they are the opaque ops bit for bit; compiled, the graph hold
 launched by Inductor, the sm90 kernels as the extension's torch ops, no call of either opaque op), and O, the
 quantized operands and the gradients are the opaque ops' (K's mean is Inductor's reduction there: its summation
 order may differ, so values downstream of it are compared closely, not bit for bit), over causal rules, a bool mask
-(decided on the device) and the token-major layout."""
+(decided on the device), an additive mask and the token-major layout."""
 import re
 
 import pytest
@@ -34,7 +34,21 @@ def _run(op, qkv, do, mask, causal, layout):
     return (*out, *torch.autograd.grad(out[0], qkv, do))
 
 
-CASES = [("top_left", False, "HND"), ("none", False, "HND"), ("none", True, "HND"), ("top_left", False, "NHD")]
+CASES = [("top_left", None, "HND"), ("none", None, "HND"), ("none", "bool", "HND"), ("none", "additive", "HND"),
+         ("top_left", None, "NHD")]
+
+
+def _mask(kind, n):
+    """None, a causal bool (2, 1, n, n) mask (a broadcast view), or an additive (2, 1, n, n) bf16 bias: a causal
+    -inf part and a random finite part."""
+    if kind is None:
+        return None
+    causal = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()[None, None].expand(2, 1, n, n)
+    if kind == "bool":
+        return causal
+    g = torch.Generator(device="cuda").manual_seed(3)
+    bias = torch.randn(2, 1, n, n, device="cuda", generator=g)
+    return bias.masked_fill(~causal, float("-inf")).to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("causal,mask,layout", CASES, ids=lambda c: str(c))
@@ -43,7 +57,7 @@ def test_traced_op_compiled_gives_the_opaque_ops_values(causal, mask, layout):
 
     qkv, do = _inputs(layout=layout)
     n = qkv[0].shape[2 if layout == "HND" else 1]
-    m = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()[None, None].expand(2, 1, n, n) if mask else None
+    m = _mask(mask, n)
     want = _run(OPS.attention_train, qkv, do, m, causal, layout)
     eager = _run(OPS.attention_train_traced, qkv, do, m, causal, layout)
     assert all(torch.equal(a, w) for a, w in zip(eager, want))  # eager: the same host code and launches
@@ -54,8 +68,10 @@ def test_traced_op_compiled_gives_the_opaque_ops_values(causal, mask, layout):
     assert not re.search(r"sage_compile\.attention_train(_backward)?\.default", code)
     assert not re.search(r"sage_compile\.attention_train\w*_traced\.default", code)  # decomposed, not called
     assert cuda.status()["built"], cuda.status()
-    for name in ("fwd", "dkdv", "dq"):
-        assert re.search(rf"sage_int8_train_sm90_\w+\.{name}\.default", code), name  # the extension's ops
+    for name in ("fwd", "dkdv", "dq"):  # the extension's ops (an additive mask: the Triton kernels' alone)
+        assert bool(re.search(rf"sage_int8_train_sm90_\w+\.{name}\.default", code)) == (mask != "additive"), name
+    for name in ("_fwd_kernel", "_bwd_dkdv", "_bwd_dq") if mask else ():  # (the bool mask's gated launches too)
+        assert name in code, name
     assert "_quant_qkv" in code and "_bwd_prep" in code  # Triton launches made by Inductor
     names = ("o", "lse", "q8", "qs", "k8", "ks", "v8", "vs", "k_mean", "dq", "dk", "dv")
     exact = ("q8", "qs", "v8", "vs")  # nothing of K's mean in them
