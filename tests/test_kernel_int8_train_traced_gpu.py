@@ -67,7 +67,7 @@ def test_traced_op_compiled_gives_the_opaque_ops_values(causal, mask, layout):
     code = "\n".join(code)
     assert not re.search(r"sage_compile\.attention_train(_backward)?\.default", code)
     assert not re.search(r"sage_compile\.attention_train\w*_traced\.default", code)  # decomposed, not called
-    assert cuda.status()["built"], cuda.status()
+    assert mask == "additive" or cuda.status()["built"], cuda.status()  # (an additive mask builds nothing)
     for name in ("fwd", "dkdv", "dq"):  # the extension's ops (an additive mask: the Triton kernels' alone)
         assert bool(re.search(rf"sage_int8_train_sm90_\w+\.{name}\.default", code)) == (mask != "additive"), name
     for name in ("_fwd_kernel", "_bwd_dkdv", "_bwd_dq") if mask else ():  # (the bool mask's gated launches too)
