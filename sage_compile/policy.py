@@ -83,22 +83,16 @@ def prologue_for(site, options, scheme: str, device_type: str) -> str:
     return "graph"
 
 
-# the mask kinds whose training sites ``auto`` gives the traced op on CUDA: those it has run with on a GPU (a bool
-# mask, run 128, and dynamic shapes, run 126: the opaque ops' values); an additive mask has not yet
-TRACED_MASK_KINDS = ("none", "bool")
-
-
-def train_prologue(options, device_type: str, site=None) -> str:
+def train_prologue(options, device_type: str) -> str:
     """``graph`` or ``op`` for an ``int8_train`` site: ``graph`` emits the traced op
     (:func:`sage_compile.ops.attention_train_traced`: torch.compile sees its prologue and launches; the kernels'
     host code runs once per compile), ``op`` the opaque one. ``auto``: the traced op on CUDA (the SmolLM2-shape
-    compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), for static and symbolic sizes
-    alike, without a mask tensor or with a bool one (:data:`TRACED_MASK_KINDS`); the opaque one for an additive
-    mask, and on other devices (the CPU reference would be compiled by Inductor: longer compiles, no speed to gain);
-    ``graph`` on the graph-prologue devices, whatever the site."""
+    compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), whatever the site: static and
+    symbolic sizes (run 126), no mask, a bool mask (run 128) or an additive one (run 134) gave the opaque ops' values
+    on a GPU; the opaque one on other devices (the CPU reference would be compiled by Inductor: longer compiles, no
+    speed to gain); ``graph`` on the graph-prologue devices."""
     if options.prologue == "auto":
-        kind = "none" if site is None else getattr(site, "mask_kind", "none")
-        return "graph" if device_type == "cuda" and kind in TRACED_MASK_KINDS else "op"
+        return "graph" if device_type == "cuda" else "op"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
 
 
@@ -169,10 +163,7 @@ def decide(site, config, device_type: str) -> Decision:
     notes = []
     prologue = None
     if scheme == "int8_train":
-        prologue = train_prologue(config.options, device_type, site)
-        if config.options.prologue == "auto" and device_type == "cuda" and prologue == "op":
-            notes.append(f"opaque training ops (auto: a {site.mask_kind} mask tensor has not yet run through the traced "
-                         "ops on a GPU)")
+        prologue = train_prologue(config.options, device_type)
     elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
         if config.options.prologue != "op" and not graph_prologue(config.options, device_type):

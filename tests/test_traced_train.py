@@ -22,32 +22,24 @@ def test_train_sites_get_the_traced_op_where_asked(prologue, device, want):
     assert policy.train_prologue(config.Options(prologue=prologue), device) == want
 
 
-def test_sites_of_symbolic_sizes_get_the_traced_op_under_auto():
-    """Symbolic sizes get the traced op under ``auto`` on CUDA (it ran under dynamic shapes on a GPU, run 126)."""
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_every_training_site_gets_the_traced_op_under_auto_on_cuda(mask_kind, symbolic):
+    """``auto``: the traced op at every CUDA training site, whatever its mask and sizes (each ran on a GPU: dynamic
+    shapes in run 126, a bool mask in run 128, an additive one in run 134); the opaque one on the CPU, or where
+    ``prologue="op"`` asks for it."""
     from types import SimpleNamespace
 
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    n = ShapeEnv().create_unbacked_symint()
-    site = SimpleNamespace(q_shape=(2, 4, n, 64), k_shape=(2, 2, n, 64))
-    assert policy.train_prologue(config.Options(), "cuda", site) == "graph"
-    assert policy.train_prologue(config.Options(), "cpu", site) == "op"
-    assert policy.train_prologue(config.Options(prologue="op"), "cuda", site) == "op"
-
-
-@pytest.mark.parametrize("mask_kind,want", [("none", "graph"), ("bool", "graph"), ("additive", "op")])
-def test_additive_masked_sites_keep_the_opaque_op_under_auto(mask_kind, want):
-    from types import SimpleNamespace
-
-    site = SimpleNamespace(q_shape=(2, 4, 8, 64), k_shape=(2, 2, 8, 64), mask_kind=mask_kind)
-    assert policy.train_prologue(config.Options(), "cuda", site) == want
-    assert policy.train_prologue(config.Options(prologue="graph"), "cuda", site) == "graph"
-    full = SimpleNamespace(**vars(site), reject_reason=None, dropout_p=0.0, dtype=torch.bfloat16, head_dim=64,
-                           head_dim_v=64, dtypes=(torch.bfloat16,) * 3, hq=4, hkv=2, causal="none",
-                           requires_grad=True)
-    dec = policy.decide(full, config.resolve(kernel="int8_train"), "cuda")
-    assert dec.prologue == want
-    assert any(f"a {mask_kind} mask tensor" in n for n in dec.notes) == (want == "op"), dec.notes
+    n = ShapeEnv().create_unbacked_symint() if symbolic else 8
+    site = SimpleNamespace(q_shape=(2, 4, n, 64), k_shape=(2, 2, n, 64), mask_kind=mask_kind, reject_reason=None,
+                           dropout_p=0.0, dtype=torch.bfloat16, head_dim=64, head_dim_v=64,
+                           dtypes=(torch.bfloat16,) * 3, hq=4, hkv=2, causal="none", requires_grad=True)
+    for device, kw, want in (("cuda", {}, "graph"), ("cpu", {}, "op"), ("cuda", dict(prologue="op"), "op")):
+        dec = policy.decide(site, config.resolve(kernel="int8_train", **kw), device)
+        assert (dec.scheme, dec.prologue) == ("int8_train", want), (device, kw, dec)
+        assert not any("opaque" in n for n in dec.notes), dec.notes
 
 
 def _loss_and_grads(m, ids):
