@@ -141,7 +141,8 @@ def main():
                 ax.plot(curves[v], label=lab, lw=1)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
-        ax.set_title(f"SmolLM2-135M fine-tune, Shakespeare, {a.batch}x{a.seq} tokens/step, {meta['device']}")
+        ax.set_title(f"SmolLM2-135M fine-tune, Shakespeare, {a.batch}x{a.seq} tokens/step, {meta['device']}"
+                     + (f", mode={a.mode}" if a.mode else ""), fontsize=9)
         ax.legend()
         fig.tight_layout()
         fig.savefig(os.path.splitext(a.out)[0] + ".png", dpi=120)
