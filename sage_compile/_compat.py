@@ -161,3 +161,101 @@ def wrap_triton_enabled() -> bool:
     from torch._library.triton import is_wrap_triton_enabled
 
     return is_wrap_triton_enabled()
+
+
+# torch's analysis of which tensors a wrap_triton kernel reads and writes (torch 2.13:
+# ``identify_accessed_tensors``; 2.11: ``identify_mutated_tensors``) generates the kernel's TTIR at every call: on an
+# sm90 target ~35 ms a launch, repeated for every launch of every attention site in the forward and the backward,
+# and again when Inductor lowers each launch. Its answer depends only on the kernel, on which arguments are tensors
+# (and their dtypes), on the other arguments' values (symbolic ones all count as 2) and on the target, so it is kept
+# per such key, for this package's kernels only.
+ACCESS_STATS = {"hits": 0, "misses": 0}
+_ACCESS_CACHE: dict = {}
+_ACCESS_CACHE_MAX = 4096
+
+
+def _access_key(kernel, kwargs, rest, kw, prefix: str = "sage_compile."):
+    """The key of one analysis call, or None where it is not cached (another package's kernel, a TMA descriptor,
+    an argument of a kind the key cannot stand for)."""
+    fn = getattr(kernel, "fn", kernel)  # (an Autotuner's JITFunction: torch wraps a launch's num_warps in a new one)
+    if not str(getattr(fn, "__module__", "")).startswith(prefix) or kw or any(bool(r) for r in rest):
+        return None
+    configs = getattr(kernel, "configs", None)  # the analysis reads an Autotuner's first config's arguments
+    first = tuple(sorted(configs[0].kwargs.items())) if configs else ()
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    try:
+        from torch._inductor.ir import TensorBox
+    except ImportError:  # pragma: no cover
+        TensorBox = ()
+    import sympy
+
+    items = []
+    for name in sorted(kwargs):
+        v = kwargs[name]
+        if v is None:
+            items.append((name, None))
+        elif isinstance(v, FakeTensor):
+            items.append((name, "T", v.dtype))
+        elif TensorBox and isinstance(v, TensorBox):
+            items.append((name, "T", v.get_dtype()))
+        elif type(v) is torch.Tensor:  # a real tensor: Triton specialises on its pointer's alignment
+            items.append((name, "R", v.dtype, v.data_ptr() % 16 == 0))
+        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Basic)):
+            items.append((name, "S"))
+        elif type(v) in (bool, int, float, str):
+            items.append((name, type(v).__name__, v))
+        else:
+            return None
+    target = _triton_target()
+    return None if target is None else (fn, first, tuple(items), target)
+
+
+def _triton_target():
+    """The active Triton target's repr (the TTIR depends on it), or None where there is none."""
+    try:
+        import triton
+
+        return repr(triton.runtime.driver.active.get_current_target())
+    except Exception:  # noqa: BLE001 - no target: the analysis itself decides; not cached
+        return None
+
+
+def cache_triton_access_analysis() -> bool:
+    """Keep torch's per-launch analysis of this package's Triton kernels (see above) per key, so that a graph with
+    many attention sites analyses each kernel once. Idempotent; False where torch has no such function."""
+    import copy
+    import functools
+
+    try:
+        import torch._higher_order_ops.triton_kernel_wrap as W
+    except ImportError:  # pragma: no cover
+        return False
+    name = next((n for n in ("identify_accessed_tensors", "identify_mutated_tensors") if hasattr(W, n)), None)
+    if name is None:
+        return False
+    analyse = getattr(W, name)
+    if getattr(analyse, "_sage_cached", False):
+        return True
+
+    @functools.wraps(analyse)
+    def cached(kernel, kwargs, *rest, **kw):
+        try:
+            key = _access_key(kernel, kwargs, rest, kw)
+            hash(key)
+        except Exception:  # noqa: BLE001 - an argument the key cannot hold: torch's own analysis
+            key = None
+        if key is None:
+            return analyse(kernel, kwargs, *rest, **kw)
+        if key not in _ACCESS_CACHE:
+            ACCESS_STATS["misses"] += 1
+            if len(_ACCESS_CACHE) >= _ACCESS_CACHE_MAX:
+                _ACCESS_CACHE.clear()
+            _ACCESS_CACHE[key] = analyse(kernel, kwargs, *rest, **kw)
+        else:
+            ACCESS_STATS["hits"] += 1
+        return copy.deepcopy(_ACCESS_CACHE[key])
+
+    cached._sage_cached = True
+    setattr(W, name, cached)
+    return True

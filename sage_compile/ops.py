@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._compat import cache_triton_access_analysis
 from ._tracing import graph_launches
 from .reference import exact as _exact
 from .reference import fp4 as _ref_fp4
@@ -309,6 +310,9 @@ attention_train.register_autograd(_backward_through(torch.ops.sage_compile.atten
 # (``torch.library.wrap_triton``) and the CUDA kernels (the extension's torch ops), and the kernels' Python host
 # code (mask plan, kernel choice, launch arguments) runs once per compile instead of once per call. Same kernels,
 # same quantized values; K's mean is Inductor's reduction (summation order may differ).
+cache_triton_access_analysis()  # (each launch of every site would generate its kernel's TTIR again)
+
+
 @torch.library.triton_op("sage_compile::attention_train_traced", mutates_args=())
 def attention_train_traced(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str,
                            scale: Optional[float], layout: str, psi: str = "split") -> _TrainOut:

@@ -107,6 +107,45 @@ def test_traced_kernels_write_only_their_outputs():
     assert {k: set(v) for k, v in written.items()} == WRITES
 
 
+def test_each_kernel_is_analysed_once_for_every_site_of_a_graph():
+    """torch generates a kernel's TTIR at each ``wrap_triton`` launch to find what it writes (~35 ms on the CPU, for
+    every launch of every site, forward and backward). Kept per kernel and arguments, a graph of three bool-masked
+    sites (the Triton kernels, 24 launches a site) analyses nothing a graph of one has not."""
+    one, three = json.loads(_probe_out("cache").strip().splitlines()[-1])
+    assert one["misses"] > 0, one
+    assert three == {"hits": 3 * (one["hits"] + one["misses"]), "misses": 0}, (one, three)
+
+
+def test_access_key_separates_what_the_analysis_depends_on(monkeypatch):
+    """The analysis cache's key: the same for another tensor of the same dtype or another symbolic size; different
+    for a dtype, an integer's value (Triton specialises on some), a constexpr, a None; no key (torch's own analysis)
+    for TMA metadata, an argument it cannot stand for, or another package's kernel."""
+    pytest.importorskip("triton")
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from sage_compile import _compat
+    from sage_compile.kernels.int8_train.attention import _gate
+
+    monkeypatch.setattr(_compat, "_triton_target", lambda: "sm90")
+    with FakeTensorMode():
+        i32, i32b, f32 = torch.empty(4, dtype=torch.int32), torch.empty(8, dtype=torch.int32), torch.empty(4)
+
+    def key(kernel=_gate, rest=({},), **kw):
+        return _compat._access_key(kernel, dict(dict(FLAG=i32, KRANGE=i32, GATE=i32, B=2, LK=128, BLOCK_B=16), **kw),
+                                   rest, {})
+
+    base = key()
+    assert base is not None and key(FLAG=i32b) == base
+    assert len({base, key(FLAG=f32), key(LK=16), key(BLOCK_B=32), key(FLAG=None)}) == 5
+    sym = [ShapeEnv().create_unbacked_symint() for _ in range(2)]
+    assert key(LK=sym[0]) == key(LK=sym[1]) != base
+    assert key(rest=({"FLAG": ("stable", ([16],))},)) is None and key(LK=object()) is None
+    assert key(kernel=SimpleNamespace(**{"__module__": "elsewhere"})) is None
+
+
 def test_traced_op_compiles_once_for_three_sequence_lengths():
     """Under ``dynamic=True`` the traced op's host code keeps sizes symbolic: the launches' integer arguments, and
     the extension ops' causal offset and strides (``SymInt`` in their schemas: as ``int`` they were made constants,

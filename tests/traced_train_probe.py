@@ -5,7 +5,8 @@ the kernels' host code (the CUDA path, with a stand-in extension whose torch ops
 ``triton:<name>``) as JSON; with ``dynamic``, the graphs torch.compile(dynamic=True) makes over three lengths; with
 ``accesses``, the tensors torch's analysis of each Triton kernel finds written (what it clones for the kernel, and
 writes back where it is an input), over the sm90 path without a mask and the Triton path with a head-shared bool
-mask: ``{kernel: [written argument, ...]}``."""
+mask: ``{kernel: [written argument, ...]}``; with ``cache``, the misses and hits of the cached analysis
+(:func:`sage_compile._compat.cache_triton_access_analysis`) over graphs of one and then three bool-masked sites."""
 import json
 import re
 import sys
@@ -74,6 +75,25 @@ if sys.argv[1:] == ["accesses"]:
     mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
     aot_function(g, fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
     print(json.dumps({k: sorted(v) for k, v in written.items()}))
+    sys.exit()
+if sys.argv[1:] == ["cache"]:  # torch's access analysis over graphs of 1 and then 3 bool-masked sites: misses, hits
+    from sage_compile import _compat as C
+
+    KC.unsupported = lambda *a, **k: "probe: the Triton kernels"
+
+    def sites(n):
+        def g(q, k, v, mask):
+            return sum(torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
+                       for _ in range(n))
+        return g
+
+    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
+    seen = []
+    for n in (1, 3):
+        before = dict(C.ACCESS_STATS)
+        aot_function(sites(n), fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
+        seen.append({k: C.ACCESS_STATS[k] - before[k] for k in before})
+    print(json.dumps(seen))
     sys.exit()
 if sys.argv[1:] == ["dynamic"]:  # torch.compile(dynamic=True) over three sequence lengths: the graphs compiled
     from torch._dynamo.backends.common import aot_autograd
