@@ -313,6 +313,23 @@ attention_train.register_autograd(_backward_through(torch.ops.sage_compile.atten
 cache_triton_access_analysis()  # (each launch of every site would generate its kernel's TTIR again)
 
 
+@torch.library.custom_op("sage_compile::train_mask_gate", mutates_args=())
+def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Tensor:
+    """The training kernels' device-side check of a head-shared bool ``attn_mask`` (broadcastable to (B, Hq, Lq, Lk)):
+    int32[1], 1 causal bottom-right, 2 all true, 0 anything else
+    (:func:`sage_compile.kernels.int8_train.attention.mask_gate`). The traced training ops call it as one opaque op,
+    so that torch.compile's CSE merges the calls of every site on the same mask, and the backward's, into one."""
+    from .kernels._common import mask_view
+    from .kernels.int8_train.attention import mask_gate
+
+    return mask_gate(mask_view(attn_mask, b, hq, lq, lk, attn_mask)[0], b, lq, lk)
+
+
+@train_mask_gate.register_fake
+def _(attn_mask, b, hq, lq, lk):
+    return attn_mask.new_empty((1,), dtype=torch.int32)
+
+
 @torch.library.triton_op("sage_compile::attention_train_traced", mutates_args=())
 def attention_train_traced(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str,
                            scale: Optional[float], layout: str, psi: str = "split") -> _TrainOut:

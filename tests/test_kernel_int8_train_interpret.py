@@ -280,3 +280,18 @@ def test_bool_mask_handed_over_as_bool_gives_the_same_bits(name, monkeypatch):
     assert _common.mask_view(mask, 2, 2, lq, lk, q)[0].dtype == torch.bool
     as_bool = run()
     assert all(torch.equal(a, b) for a, b in zip(as_bool, as_uint8))
+
+
+def test_mask_gate_op_names_the_masks_structure():
+    """``sage_compile::train_mask_gate``, the traced ops' device-side check of a head-shared bool mask (one a graph):
+    1 for causal bottom-right, 2 for all true, 0 where keys are padded out; the op passes ``opcheck``."""
+    import sage_compile.ops  # noqa: F401  (registers the op)
+
+    b, hq, lq, lk = 2, 4, 48, 80
+    causal = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)[None, None].expand(b, 1, lq, lk)
+    padded = causal.clone()
+    padded[1, :, :, :5] = False
+    gate = torch.ops.sage_compile.train_mask_gate
+    for mask, want in ((causal, 1), (torch.ones(b, 1, lq, lk, dtype=torch.bool), 2), (padded, 0)):
+        assert gate(mask, b, hq, lq, lk).tolist() == [want]
+    torch.library.opcheck(gate.default, (causal, b, hq, lq, lk))

@@ -6,7 +6,9 @@ the kernels' host code (the CUDA path, with a stand-in extension whose torch ops
 ``accesses``, the tensors torch's analysis of each Triton kernel finds written (what it clones for the kernel, and
 writes back where it is an input), over the sm90 path without a mask and the Triton path with a head-shared bool
 mask: ``{kernel: [written argument, ...]}``; with ``cache``, the misses and hits of the cached analysis
-(:func:`sage_compile._compat.cache_triton_access_analysis`) over graphs of one and then three bool-masked sites."""
+(:func:`sage_compile._compat.cache_triton_access_analysis`) over graphs of one and then three bool-masked sites;
+with ``cse``, how often each op and kernel appears in the forward and backward graphs of three sites on one bool
+mask, partitioned as torch.compile does."""
 import json
 import re
 import sys
@@ -94,6 +96,28 @@ if sys.argv[1:] == ["cache"]:  # torch's access analysis over graphs of 1 and th
         aot_function(sites(n), fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
         seen.append({k: C.ACCESS_STATS[k] - before[k] for k in before})
     print(json.dumps(seen))
+    sys.exit()
+if sys.argv[1:] == ["cse"]:  # three sites on one head-shared bool mask, partitioned as torch.compile does (min-cut,
+    # after CSE of the joint graph): per graph, how often each op and Triton kernel appears
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    counts = []
+
+    def count(g, _):
+        ops = re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
+        kernels = ["triton:" + getattr(getattr(kernel_side_table.get_kernel(int(i)), "fn", None), "__name__", "?")
+                   for i in re.findall(r"kernel_idx = (\d+)", g.code)]
+        counts.append({n: (ops + kernels).count(n) for n in set(ops + kernels)})
+        return g
+
+    def g3(q, k, v, mask):
+        return sum(torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
+                   for _ in range(3))
+
+    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
+    aot_function(g3, fw_compiler=count, bw_compiler=count, partition_fn=min_cut_rematerialization_partition)(
+        *inputs(128), mask).sum().backward()
+    print(json.dumps(counts))
     sys.exit()
 if sys.argv[1:] == ["dynamic"]:  # torch.compile(dynamic=True) over three sequence lengths: the graphs compiled
     from torch._dynamo.backends.common import aot_autograd

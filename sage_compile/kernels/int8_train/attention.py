@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._tracing import in_graph
 from ...policy import MAX_HEAD_DIM_TRAIN_CUDA as MAX_HEAD_DIM  # sites above it stay SDPA
 from ...reference.int8_train import SPLIT_M
 from ...reference.layout import token_major_empty
@@ -520,23 +521,33 @@ def _gate(FLAG, KRANGE, GATE, B, LK, BLOCK_B: tl.constexpr):
 def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
     """The launches of a call: ``(gate, variants)``, each variant ``(mask view or dummy, MASK_KIND, mask strides,
     causal, want)``. Without a gate (None) one variant, ``want`` -1. A head-shared bool mask (no causal rule) is
-    checked on the device instead of on the host (:func:`mask_structure`, then :func:`_gate`): one launch per
-    answer, the mask read (want 0), no mask (2) and, where the mask varies along the queries, causal
-    bottom-right (1), each leaving at once unless the gate names it. No host sync: the stream never waits for
-    the host, and CUDA graphs can capture the call."""
+    checked on the device instead of on the host (:func:`mask_gate`): one launch per answer, the mask read (want 0),
+    no mask (2) and, where the mask varies along the queries, causal bottom-right (1), each leaving at once unless
+    the gate names it. No host sync: the stream never waits for the host, and CUDA graphs can capture the call.
+    Traced (:func:`sage_compile._tracing.in_graph`), the check is one opaque op (``sage_compile::train_mask_gate``)
+    whose calls on the same mask torch.compile's CSE merges: one check a graph for every site and for the backward."""
     mask, kind, strides = mask_view(attn_mask, b, hq, lq, lk, dummy)
     if kind == 1 and causal == "none" and mask.stride(1) == 0 and lq > 0 and lk > 0:
-        from ..int8_fp8.attention import mask_structure
-
-        flag, krange = mask_structure(mask, lq, lk)
-        gate = torch.empty(1, dtype=torch.int32, device=mask.device)
-        launch(_gate, (1,))(flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
+        gate = (torch.ops.sage_compile.train_mask_gate(attn_mask, b, hq, lq, lk) if in_graph()
+                else mask_gate(mask, b, lq, lk))
         none = (dummy, 0, (0, 0, 0, 0))
         variants = [(mask, kind, strides, "none", 0), (*none, "none", 2)]
         if strides[2] != 0:  # (a mask constant along the queries has flag 0 or 2)
             variants.append((*none, "bottom_right", 1))
         return gate, variants
     return None, [(mask, kind, strides, causal, -1)]
+
+
+def mask_gate(mask, b, lq, lk):
+    """int32[1] on the device: 1 where the head-shared bool ``mask`` (a uint8 view expanded to (B, H, Lq, Lk)) is
+    causal bottom-right, 2 where it is all true, else 0 (:func:`mask_structure`, then :func:`_gate`: three
+    launches, no host sync)."""
+    from ..int8_fp8.attention import mask_structure
+
+    flag, krange = mask_structure(mask, lq, lk)
+    gate = torch.empty(1, dtype=torch.int32, device=mask.device)
+    launch(_gate, (1,))(flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
+    return gate
 
 
 def _dkdv_parts(d):
