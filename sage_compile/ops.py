@@ -305,14 +305,6 @@ attention_train.register_autograd(_backward_through(torch.ops.sage_compile.atten
                                   setup_context=_train_setup)
 
 
-# The same two ops as triton_ops, which torch.compile traces through (what the graph rewrite emits on CUDA; see
-# ``Options.prologue``): the graph then holds K's mean and the allocations as ATen ops, the Triton launches
-# (``torch.library.wrap_triton``) and the CUDA kernels (the extension's torch ops), and the kernels' Python host
-# code (mask plan, kernel choice, launch arguments) runs once per compile instead of once per call. Same kernels,
-# same quantized values; K's mean is Inductor's reduction (summation order may differ).
-cache_triton_access_analysis()  # (each launch of every site would generate its kernel's TTIR again)
-
-
 @torch.library.custom_op("sage_compile::train_mask_gate", mutates_args=())
 def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Tensor:
     """The training kernels' device-side check of a head-shared bool ``attn_mask`` (broadcastable to (B, Hq, Lq, Lk)):
@@ -328,6 +320,14 @@ def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Ten
 @train_mask_gate.register_fake
 def _(attn_mask, b, hq, lq, lk):
     return attn_mask.new_empty((1,), dtype=torch.int32)
+
+
+# The same two ops as triton_ops, which torch.compile traces through (what the graph rewrite emits on CUDA; see
+# ``Options.prologue``): the graph then holds K's mean and the allocations as ATen ops, the Triton launches
+# (``torch.library.wrap_triton``) and the CUDA kernels (the extension's torch ops), and the kernels' Python host
+# code (mask plan, kernel choice, launch arguments) runs once per compile instead of once per call. Same kernels,
+# same quantized values; K's mean is Inductor's reduction (summation order may differ).
+cache_triton_access_analysis()  # (each launch of every site would generate its kernel's TTIR again)
 
 
 @torch.library.triton_op("sage_compile::attention_train_traced", mutates_args=())
