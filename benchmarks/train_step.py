@@ -189,6 +189,8 @@ def main():
                 f"{a.rounds} rounds of {a.steps} steps, the variants interleaved")
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
+        recs.append(dict(meta, kernel=kernel, variant="train_step_warmup", metric="ms", value=first[variant] * 1e3,
+                         note=f"mask={a.mask}, mode={a.mode}; compile and 5 warm-up steps"))
         if a.out:  # after each variant: a later one's failure or timeout keeps these
             write_records(a.out, recs)
     if a.out:
