@@ -9,6 +9,7 @@ mask: ``{kernel: [written argument, ...]}``; with ``cache``, the misses and hits
 (:func:`sage_compile._compat.cache_triton_access_analysis`) over graphs of one and then three bool-masked sites;
 with ``cse``, how often each op and kernel appears in the forward and backward graphs of three sites on one bool
 mask, partitioned as torch.compile does."""
+import collections
 import json
 import re
 import sys
@@ -37,17 +38,31 @@ KC.load = lambda: types.SimpleNamespace(__name__=ns)
 KC.unsupported = KC.call_rules
 graphs = []
 
+def names(g):
+    """The graph's ops and Triton kernels (``triton:<name>``), once per call or launch."""
+    kernels = [kernel_side_table.get_kernel(int(i)) for i in re.findall(r"kernel_idx = (\d+)", g.code)]
+    return (re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
+            + ["triton:" + getattr(getattr(k, "fn", k), "__name__", "?") for k in kernels])
+
+
 def comp(g, _):
     """Record the graph's ops (the compiler of both graphs; runs nothing)."""
-    names = set(re.findall(r"torch\.ops\.(\w+\.\w+)", g.code))
-    for idx in re.findall(r"kernel_idx = (\d+)", g.code):
-        k = kernel_side_table.get_kernel(int(idx))
-        names.add("triton:" + getattr(getattr(k, "fn", k), "__name__", "?"))
-    graphs.append(sorted(names))
+    graphs.append(sorted(set(names(g))))
     return g
 
 def f(q, k, v):
     return torch.ops.sage_compile.attention_train_traced(q, k, v, None, "top_left", None, "HND", "split")[0]
+
+
+def masked_sites(n):
+    """A function of (q, k, v, mask) summing ``n`` traced-op sites on one mask (no causal rule)."""
+    def g(q, k, v, mask):
+        return sum(torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
+                   for _ in range(n))
+    return g
+
+
+MASK = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")  # a head-shared bool mask at 128 tokens
 
 
 def inputs(n):
@@ -71,29 +86,17 @@ if sys.argv[1:] == ["accesses"]:
     setattr(W, entry, recording)
     aot_function(f, fw_compiler=comp, bw_compiler=comp)(*inputs(128)).sum().backward()  # the sm90 path
     KC.unsupported = lambda *a, **k: "probe: the Triton kernels"
-    def g(q, k, v, mask):
-        return torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
-
-    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
-    aot_function(g, fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
+    aot_function(masked_sites(1), fw_compiler=comp, bw_compiler=comp)(*inputs(128), MASK).sum().backward()
     print(json.dumps({k: sorted(v) for k, v in written.items()}))
     sys.exit()
 if sys.argv[1:] == ["cache"]:  # torch's access analysis over graphs of 1 and then 3 bool-masked sites: misses, hits
     from sage_compile import _compat as C
 
     KC.unsupported = lambda *a, **k: "probe: the Triton kernels"
-
-    def sites(n):
-        def g(q, k, v, mask):
-            return sum(torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
-                       for _ in range(n))
-        return g
-
-    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
     seen = []
     for n in (1, 3):
         before = dict(C.ACCESS_STATS)
-        aot_function(sites(n), fw_compiler=comp, bw_compiler=comp)(*inputs(128), mask).sum().backward()
+        aot_function(masked_sites(n), fw_compiler=comp, bw_compiler=comp)(*inputs(128), MASK).sum().backward()
         seen.append({k: C.ACCESS_STATS[k] - before[k] for k in before})
     print(json.dumps(seen))
     sys.exit()
@@ -104,19 +107,11 @@ if sys.argv[1:] == ["cse"]:  # three sites on one head-shared bool mask, partiti
     counts = []
 
     def count(g, _):
-        ops = re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
-        kernels = ["triton:" + getattr(getattr(kernel_side_table.get_kernel(int(i)), "fn", None), "__name__", "?")
-                   for i in re.findall(r"kernel_idx = (\d+)", g.code)]
-        counts.append({n: (ops + kernels).count(n) for n in set(ops + kernels)})
+        counts.append(dict(collections.Counter(names(g))))
         return g
 
-    def g3(q, k, v, mask):
-        return sum(torch.ops.sage_compile.attention_train_traced(q, k, v, mask, "none", None, "HND", "split")[0]
-                   for _ in range(3))
-
-    mask = torch.empty(1, 1, 128, 128, dtype=torch.bool, device="meta")
-    aot_function(g3, fw_compiler=count, bw_compiler=count, partition_fn=min_cut_rematerialization_partition)(
-        *inputs(128), mask).sum().backward()
+    aot_function(masked_sites(3), fw_compiler=count, bw_compiler=count,
+                 partition_fn=min_cut_rematerialization_partition)(*inputs(128), MASK).sum().backward()
     print(json.dumps(counts))
     sys.exit()
 if sys.argv[1:] == ["dynamic"]:  # torch.compile(dynamic=True) over three sequence lengths: the graphs compiled
