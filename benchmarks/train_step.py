@@ -6,9 +6,11 @@ Per variant: the median step time (synchronized steps, after warm-up), and from 
 steps, per step: the kernels' summed CUDA time (what the GPU computed; the rest of the step it waited for the
 host), the number of kernel launches, the host syncs (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` calls;
 the profiled steps end with one), and the largest kernels. ``--mask`` passes an ``attention_mask`` of ones
-(transformers then hands every site a bool mask; transformers 5.17 does so even without one).
+(transformers then hands every site a bool mask; transformers 5.17 does so even without one); ``--pad N`` pads the
+first sequence's last N tokens out of it (a padded batch: causal + key padding).
 
-    python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--rounds 1] [--mask] [--variants sdpa,sage]
+    python benchmarks/train_step.py [--seq 2048] [--batch 2] [--steps 20] [--rounds 1] [--mask [--pad N]]
+        [--variants sdpa,sage]
         [--mode reduce-overhead] [--cprofile 40] [--trace PREFIX] [--out results/train_step_<run>_<commit>_<gpu>.json]
 """
 from __future__ import annotations
@@ -41,11 +43,11 @@ def model(layers: int, device: str):
     return LlamaForCausalLM(cfg).to(device).train()
 
 
-def stepper(variant: str, m, device: str, mask: bool, mode=None):
+def stepper(variant: str, m, device: str, mask: bool, mode=None, pad: int = 0):
     """A function running one training step of ``m`` compiled for ``variant`` (``sdpa``: Inductor; ``sage``: the
     ``int8_train`` backend, its defaults (on CUDA the traced ops); ``sage_op``: the same with the opaque ops,
     ``prologue="op"``; ``mode``: torch.compile's, e.g. ``reduce-overhead`` for CUDA graphs) on a (B, N + 1) id
-    tensor."""
+    tensor; with ``mask`` an ``attention_mask``, the first sequence's last ``pad`` tokens 0."""
     import sage_compile
 
     opts = dict(sage=dict(kernel="int8_train"), sage_op=dict(kernel="int8_train", prologue="op"))
@@ -54,7 +56,11 @@ def stepper(variant: str, m, device: str, mask: bool, mode=None):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.0)
 
     def step(ids):
-        kw = dict(attention_mask=torch.ones_like(ids[:, :-1])) if mask else {}
+        kw = {}
+        if mask:
+            kw["attention_mask"] = torch.ones_like(ids[:, :-1])
+            if pad:
+                kw["attention_mask"][0, -pad:] = 0
         return train_step(cm, m, opt, ids, device, **kw)
 
     return step
@@ -139,6 +145,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps a round (after 5 warm-up steps)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of timed steps, the variants interleaved")
     ap.add_argument("--mask", action="store_true", help="pass an attention_mask of ones")
+    ap.add_argument("--pad", type=int, default=0, help="with --mask: the first sequence's last PAD tokens padded out")
     ap.add_argument("--variants", default="sdpa,sage", help="of sdpa, sage, sage_op")
     ap.add_argument("--mode", default=None, help="torch.compile's mode, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--device", default="cuda")
@@ -158,7 +165,7 @@ def main():
     recs, steps, first = [], {}, {}
     variants = a.variants.split(",")
     for variant in variants:  # compile and warm up each
-        steps[variant] = stepper(variant, model(a.layers, dev), dev, a.mask, a.mode)
+        steps[variant] = stepper(variant, model(a.layers, dev), dev, a.mask, a.mode, a.pad)
         t0 = time.perf_counter()
         for _ in range(5):
             steps[variant](ids)
@@ -185,12 +192,12 @@ def main():
         if a.cprofile:
             host_profile(step, ids, dev, a.cprofile)
         kernel = dict(sdpa="sdpa_inductor", sage="sage_int8_train", sage_op="sage_int8_train_op")[variant]
-        note = (f"mask={a.mask}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; median of "
+        note = (f"mask={a.mask}, pad={a.pad}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; median of "
                 f"{a.rounds} rounds of {a.steps} steps, the variants interleaved")
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_warmup", metric="ms", value=first[variant] * 1e3,
-                         note=f"mask={a.mask}, mode={a.mode}; compile and 5 warm-up steps"))
+                         note=f"mask={a.mask}, pad={a.pad}, mode={a.mode}; compile and 5 warm-up steps"))
         if a.out:  # after each variant: a later one's failure or timeout keeps these
             write_records(a.out, recs)
     if a.out:

@@ -265,11 +265,25 @@ struct Params {
   long long sob, soh, son;  // dK / dV strides (elements)
   const int* gate;  // want >= 0: the kernel computes only where gate[0] == want (see gated_off)
   int want;
+  const int* krange;  // null, or (B, 2) int32: each batch's visible keys [first, end) (see key_range)
 };
 
 // A gated launch that does not compute: one of a call's launches per answer of a device-side check (a bool mask that
 // may be causal or all true, decided without a host sync: attention.py's _mask_plan); every CTA leaves at its start
 __device__ __forceinline__ bool gated_off(const int* gate, int want) { return want >= 0 && __ldg(gate) != want; }
+
+// Batch b's visible keys [lo, hi): with krange (a bool mask's key padding, found on the device with its structure by
+// the same check as the gate) that batch's range clamped to [0, lk), else all of them. Keys outside it get P = 0:
+// the query-side kernels skip the 64-key steps wholly outside and mask the two at its ends; the dK / dV kernel
+// skips its key block wholly outside (stores zeros) and masks the keys outside in a block that straddles an end.
+struct KeyRange {
+  int lo, hi;
+};
+template <typename P>
+__device__ __forceinline__ KeyRange key_range(const P& p, int b) {
+  if (p.krange == nullptr) return {0, p.lk};
+  return {max(0, __ldg(p.krange + 2 * b)), min(p.lk, __ldg(p.krange + 2 * b + 1))};
+}
 
 // Shared memory of a kernel: its fixed tiles (FIXED bytes from 0), the ring's STAGES stages of STAGE bytes from
 // kStage0, EXTRA bytes of per-stage vectors from kExtra, the ring's barriers from kBar; kBytes with alignment slack
@@ -488,17 +502,17 @@ __device__ __forceinline__ void produce_steps(const Ring<STAGES>& ring, uint8_t*
   }
 }
 
-// SAGE_TRAIN_EARLY: step j's K scale in its stage's slot of the (STAGES fp32) array at x: the dQ kernel's and the
-// forward's producer lane writes it before arriving on the stage (GUARD: 0 past the scales, as the dQ kernel always
-// read them), the consumers read it once they waited for the stage
+// SAGE_TRAIN_EARLY: the K scale of the CTA's step i (key step j) in its stage's slot of the (STAGES fp32) array at x:
+// the dQ kernel's and the forward's producer lane writes it before arriving on the stage (GUARD: 0 past the scales,
+// as the dQ kernel always read them), the consumers read it once they waited for the stage
 template <int STAGES>
-__device__ __forceinline__ float& stage_k_scale(uint8_t* x, int j) {
-  return reinterpret_cast<float*>(x)[j % STAGES];
+__device__ __forceinline__ float& stage_k_scale(uint8_t* x, int i) {
+  return reinterpret_cast<float*>(x)[i % STAGES];
 }
 template <int STAGES, bool GUARD, typename P>
-__device__ __forceinline__ void put_k_scale(uint8_t* x, const P& p, int bhk, int j) {
+__device__ __forceinline__ void put_k_scale(uint8_t* x, const P& p, int bhk, int i, int j) {
   if (SAGE_TRAIN_EARLY)
-    stage_k_scale<STAGES>(x, j) = !GUARD || j < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j) : 0.f;
+    stage_k_scale<STAGES>(x, i) = !GUARD || j < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + j) : 0.f;
 }
 
 // The producer warpgroup gives its registers to the consumers; true in the one lane that issues the TMA loads.
@@ -569,9 +583,11 @@ __device__ __forceinline__ void run_steps(int j0, int j1, int f0, int f1, Step&&
 #endif
 }
 
-// The (128 rows x D) tile of a CTA on rows (queries) of one head: the dQ kernel and the forward
+// The (128 rows x D) tile of a CTA on rows (queries) of one head: the dQ kernel and the forward. The CTA's steps
+// i = 0 .. n_tiles - 1 (its ring's) are the 64-key steps j = j0 + i: those holding a key of the batch's range
+// [klo, khi) that the CTA's last row sees
 struct QueryBlock {
-  int m0, bh, b, h, bhk, n_tiles;  // first row, (batch, head), its kv head, the 64-key steps it sees
+  int m0, bh, b, h, bhk, j0, n_tiles, klo, khi;  // first row, (batch, head), its kv head, its key steps, key range
 };
 template <bool CAUSAL, typename P>
 __device__ __forceinline__ QueryBlock query_block(const P& p) {
@@ -581,32 +597,37 @@ __device__ __forceinline__ QueryBlock query_block(const P& p) {
   q.b = q.bh / p.hq;
   q.h = q.bh % p.hq;
   q.bhk = q.b * (p.hq / p.group) + q.h / p.group;
-  const int hi = CAUSAL ? min(p.lk, q.m0 + 2 * kBM + p.coff) : p.lk;  // keys the CTA's last row sees
-  q.n_tiles = hi > 0 ? (hi + kBM - 1) / kBM : 0;
+  const KeyRange kr = key_range(p, q.b);
+  q.klo = kr.lo;
+  q.khi = kr.hi;
+  const int hi = CAUSAL ? min(kr.hi, q.m0 + 2 * kBM + p.coff) : kr.hi;  // keys the CTA's last row sees
+  q.j0 = kr.lo / kBM;
+  q.n_tiles = hi > kr.lo ? (hi + kBM - 1) / kBM - q.j0 : 0;
   return q;
 }
-// The key steps [0, n) that need no mask for warpgroup wg's rows: whole steps below Lk that every row of the
-// warpgroup sees (causal: its first row's reach)
+// The CTA's steps [f0, f1) that need no mask for warpgroup wg's rows: whole steps inside the key range that every
+// row of the warpgroup sees (causal: its first row's reach); run_steps clamps them to the CTA's steps
 template <bool CAUSAL, typename P>
-__device__ __forceinline__ int full_steps(const QueryBlock& q, int wg, const P& p) {
-  const int vis = CAUSAL ? min(p.lk, q.m0 + wg * 64 + p.coff + 1) : p.lk;
-  return vis > 0 ? vis / kBM : 0;
+__device__ __forceinline__ int2 full_steps(const QueryBlock& q, int wg, const P& p) {
+  const int vis = CAUSAL ? min(q.khi, q.m0 + wg * 64 + p.coff + 1) : q.khi;
+  return make_int2((q.klo + kBM - 1) / kBM - q.j0, (vis > 0 ? vis / kBM : 0) - q.j0);
 }
 
 // Whether element 4i + 2rh + e of a (64 rows x 64 keys) step in the rows' layout (row row0 + 8rh, key n0 + perm_base(i)
-// + 4t + e) is masked: its key past Lk or, causal, past the row's reach row + coff
+// + 4t + e) is masked: its key outside the key range [klo, khi) (past Lk, at least) or, causal, past the row's reach
+// row + coff
 template <bool CAUSAL>
-__device__ __forceinline__ bool row_masked(int i, int rh, int e, int n0, int t, int row0, int lk, int coff) {
+__device__ __forceinline__ bool row_masked(int i, int rh, int e, int n0, int t, int row0, int klo, int khi, int coff) {
   const int key = n0 + perm_base(i) + 4 * t + e;
-  return key >= lk || (CAUSAL && key > row0 + 8 * rh + coff);
+  return key >= khi || key < klo || (CAUSAL && key > row0 + 8 * rh + coff);
 }
 
 // The logits of a (64 rows x 64 keys) step in the rows' layout (element 4i + 2rh + e: row row0 + 8rh, key n0 +
-// perm_base(i) + 4t + e): S * a + off[row half], -inf where masked (only under `edge`: keys past Lk or, causal,
-// past the row's reach row + coff)
+// perm_base(i) + 4t + e): S * a + off[row half], -inf where masked (only under `edge`: keys outside [klo, khi) or,
+// causal, past the row's reach row + coff)
 template <bool CAUSAL>
 __device__ __forceinline__ void row_logits(float (&z)[32], const uint32_t (&sacc)[32], float a, const float (&off)[2],
-                                           bool edge, int n0, int t, int row0, int lk, int coff) {
+                                           bool edge, int n0, int t, int row0, int klo, int khi, int coff) {
   const float o[2] = {s_offset(off[0], a), s_offset(off[1], a)};
 #pragma unroll
   for (int i = 0; i < 8; ++i)
@@ -615,7 +636,7 @@ __device__ __forceinline__ void row_logits(float (&z)[32], const uint32_t (&sacc
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float v = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, o[rh]);
-        z[4 * i + 2 * rh + e] = edge && row_masked<CAUSAL>(i, rh, e, n0, t, row0, lk, coff) ? -INFINITY : v;
+        z[4 * i + 2 * rh + e] = edge && row_masked<CAUSAL>(i, rh, e, n0, t, row0, klo, khi, coff) ? -INFINITY : v;
       }
 }
 
@@ -654,6 +675,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int hkv = p.hq / p.group, b = bhk / hkv, hk = bhk % hkv;
   // the first query step that sees a key of the block (causal: key n visible from query m iff n <= m + coff)
   const int lo = CAUSAL ? max(0, n0 - p.coff) / kBM * kBM : 0;
+  // past the last query the block runs: Lq, or lo where no key of the block is in the batch's key range (no steps;
+  // dK = dV = 0 stored)
+  const KeyRange kr = key_range(p, b);
+  const int qend = n0 < kr.hi && n0 + kBN > kr.lo ? p.lq : lo;
   ring.init();
 
   if (threadIdx.x >= kCW * 32) {  // producer warpgroup
@@ -673,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int it = 0;
       for (int g = 0; g < p.group; ++g) {
         const int bh = b * p.hq + hk * p.group + g;
-        for (int m0 = lo; m0 < p.lq; m0 += kBM, ++it) {
+        for (int m0 = lo; m0 < qend; m0 += kBM, ++it) {
           uint64_t* bar = ring.acquire(it);
           uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
           float* sl = reinterpret_cast<float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
@@ -700,6 +725,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Lane ln = consumer_lane();
   const int t = ln.t;
   const int key0 = n0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's keys: key0, key0 + 8
+  // which of them lie outside the key range (P = 0), and whether any key of the warpgroup does (then every step masks)
+  const bool kout[2] = {key0 < kr.lo || key0 >= kr.hi, key0 + 8 < kr.lo || key0 + 8 >= kr.hi};
+  const bool kpart = n0 + ln.wg * 64 < kr.lo || n0 + ln.wg * 64 + 64 > kr.hi;
   const int kblk = (n0 + ln.wg * 64) / 64;
   const float kc = (kblk < p.nkb ? __ldg(p.ks + static_cast<size_t>(bhk) * p.nkb + kblk) : 0.f) * p.c;
   const uint64_t da_k = smem_desc<D>(sk + ln.wg * 64 * D);
@@ -719,9 +747,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int m0 = jm * kBM;
       const uint8_t* st = smem + L::kStage0 + (it % STAGES) * L::kStageBytes;
       const float* sl = reinterpret_cast<const float*>(smem + L::kL) + (it % STAGES) * 2 * kBM;
-      // the step needs a mask where a key of the warpgroup is past a query's causal reach, or queries pass Lq
-      const bool edge =
-          kEdge == 1 || (kEdge == 2 && ((CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || m0 + kBM > p.lq));
+      // the step needs a mask where a key of the warpgroup is past a query's causal reach or outside the key range,
+      // or queries pass Lq
+      const bool edge = kEdge == 1 ||
+                        (kEdge == 2 && ((CAUSAL && n0 + ln.wg * 64 + 63 > m0 + p.coff) || kpart || m0 + kBM > p.lq));
       uint32_t sacc[32];
       float dp[32];
 #if SAGE_TRAIN_EARLY
@@ -777,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             float z = fmaf(s_value(sacc[4 * i + 2 * rh + e]), a, off[e]);
             if (edge) {
               const int qq = m0 + q + e;
-              if (qq >= p.lq || (CAUSAL && key0 + 8 * rh > qq + p.coff)) z = -INFINITY;
+              if (qq >= p.lq || kout[rh] || (CAUSAL && key0 + 8 * rh > qq + p.coff)) z = -INFINITY;
             }
             pt[4 * i + 2 * rh + e] = ex2(z);
           }
@@ -817,7 +846,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ring.release(it);
       ++it;
     };
-    run_steps(lo / kBM, (p.lq + kBM - 1) / kBM, full0, p.lq / kBM, step);
+    run_steps(lo / kBM, (qend + kBM - 1) / kBM, full0, kpart ? full0 : qend / kBM, step);
   }
 
   // epilogue: dK * softmax scale, dV; rows past Lk are not stored
@@ -842,6 +871,7 @@ struct DqParams {
   long long sob, soh, son;  // dQ strides (elements)
   const int* gate;  // as Params'
   int want;
+  const int* krange;  // as Params'
 };
 
 constexpr int kDqScaleBytes(int stages) { return (stages * 4 + 15) / 16 * 16; }
@@ -889,12 +919,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, ring.first, 64 * c, qb.m0, qb.bh);
-      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
-        tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
+      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int i) {
+        const int n0 = (qb.j0 + i) * kBM;
+        tma_perm_rows(st + L::kK, &tm_k, bar, 0, n0, qb.bhk, D);  // keys in perm_base's order
 #pragma unroll
-        for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, j * kBM, qb.bhk, 128);
-        tma_load_3d(st + L::kKT, &tm_kt, bar, j * kBM, 0, qb.bhk);
-      }, [&](int j) { put_k_scale<STAGES, true>(smem + L::kX, p, qb.bhk, j); });
+        for (int c = 0; c < D / 64; ++c) tma_perm_rows(st + L::kV + c * kBM * 128, &tm_v, bar, 64 * c, n0, qb.bhk, 128);
+        tma_load_3d(st + L::kKT, &tm_kt, bar, n0, 0, qb.bhk);
+      }, [&](int i) { put_k_scale<STAGES, true>(smem + L::kX, p, qb.bhk, i, qb.j0 + i); });
     }
     return;
   }
@@ -951,21 +982,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   wg_fence();
   issue_s_dp(sacc, dp, smem + L::kStage0);
 #endif
-  auto step = [&](int j, auto edge_c) {
+  auto step = [&](int i, auto edge_c) {  // the CTA's step i: key step j
     constexpr int kEdge = decltype(edge_c)::value;
+    const int j = qb.j0 + i;
     const int n0 = j * kBM;
-    const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+    const uint8_t* st = smem + L::kStage0 + (i % STAGES) * L::kStageBytes;
 #if SAGE_TRAIN_EARLY
     float ksc;  // (read from the stage once it is waited for)
 #else
     const float ksc = j < p.nkb ? __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j) : 0.f;
 #endif
-    // the step needs a mask where it passes Lk or a key is past the warpgroup's first query's causal reach
-    const bool edge =
-        kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
+    // the step needs a mask where it leaves the key range (passes Lk, at least) or a key is past the warpgroup's
+    // first query's causal reach
+    const bool edge = kEdge == 1 || (kEdge == 2 && (n0 < qb.klo || n0 + kBM > qb.khi ||
+                                                    (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
 #if SAGE_TRAIN_DQPIPE
 #if SAGE_TRAIN_EARLY
-    ksc = stage_k_scale<STAGES>(smem + L::kX, j);  // (waited for by the step before)
+    ksc = stage_k_scale<STAGES>(smem + L::kX, i);  // (waited for by the step before)
 #endif
     wg_wait0();  // S and dP
     reg_fence(sacc);
@@ -976,10 +1009,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if SAGE_TRAIN_EARLY
     s_fill(sacc);
     d_fill(dp);
-    ring.wait_full(j);
-    ksc = stage_k_scale<STAGES>(smem + L::kX, j);
+    ring.wait_full(i);
+    ksc = stage_k_scale<STAGES>(smem + L::kX, i);
 #else
-    ring.wait_full(j);
+    ring.wait_full(i);
     s_fill(sacc);
     d_fill(dp);
 #endif
@@ -990,7 +1023,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 
     float pt[32];
-    row_logits<CAUSAL>(pt, sacc, qsc * ksc, {-l2[0], -l2[1]}, edge, n0, t, row0, p.lk, p.coff);
+    row_logits<CAUSAL>(pt, sacc, qsc * ksc, {-l2[0], -l2[1]}, edge, n0, t, row0, qb.klo, qb.khi, p.coff);
 #pragma unroll
     for (int x = 0; x < 32; ++x) pt[x] = ex2(pt[x]);  // P = exp2(S * qsc * ksc - LSE2)
 
@@ -1012,25 +1045,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float f[2] = {sds[0] * ksc, sds[1] * ksc};
 #if SAGE_TRAIN_DQPIPE
     // the product, then S and dP of the next step (this step's stage again on the last: dropped)
-    const bool more = j + 1 < qb.n_tiles;
-    const int j1 = more ? j + 1 : j;
-    if (more) ring.wait_full(j1);
+    const bool more = i + 1 < qb.n_tiles;
+    const int i1 = more ? i + 1 : i;
+    if (more) ring.wait_full(i1);
     uint32_t prod[D / 2];
     s_fill(sacc);
     d_fill(dp);
     wg_fence();
     wgmma_s8_rs2<D>(prod, da, smem_desc<64>(st + L::kKT));
     wg_commit();
-    issue_s_dp(sacc, dp, smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes);
+    issue_s_dp(sacc, dp, smem + L::kStage0 + (i1 % STAGES) * L::kStageBytes);
     wg_wait2();  // the product (S and dP may still run)
     reg_fence(prod);
     fold_int8_product<D, D>(dq, 0, prod, f);
 #else
     int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
 #endif
-    ring.release(j);
+    ring.release(i);
   };
-  run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
+  const int2 full = full_steps<CAUSAL>(qb, ln.wg, p);
+  run_steps(0, qb.n_tiles, full.x, full.y, step);
 #if SAGE_TRAIN_DQPIPE
   wg_wait0();  // the last step's dropped S and dP
   }
@@ -1069,7 +1103,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool CAUSAL>
 __device__ __forceinline__ void fwd_softmax(float (&z)[32], uint32_t (&sacc)[32], float a, float (&m)[2],
                                             float (&alpha)[2], float (&rs)[2], uint32_t (&pa)[2][4], float (&sp)[2],
-                                            bool edge, int n0, int t, int row0, int lk, int coff) {
+                                            bool edge, int n0, int t, int row0, int klo, int khi, int coff) {
   if (edge) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -1077,7 +1111,7 @@ __device__ __forceinline__ void fwd_softmax(float (&z)[32], uint32_t (&sacc)[32]
       for (int rh = 0; rh < 2; ++rh)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          if (row_masked<CAUSAL>(i, rh, e, n0, t, row0, lk, coff)) sacc[4 * i + 2 * rh + e] = 0xff800000u;  // -inf
+          if (row_masked<CAUSAL>(i, rh, e, n0, t, row0, klo, khi, coff)) sacc[4 * i + 2 * rh + e] = 0xff800000u;  // -inf
   }
   const float off = s_offset(0.f, a);  // the logits fmaf(S's float, a, off) are S * a
   float off2[2], pm[2];
@@ -1120,6 +1154,7 @@ struct FwdParams {
   long long sob, soh, son;  // O strides (elements)
   const int* gate;  // as Params'
   int want;
+  const int* krange;  // as Params'
 };
 
 template <int D, int STAGES>
@@ -1158,10 +1193,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma_prefetch(&tm_vt);
       mbar_expect_tx(ring.first, L::kQBytes);
       tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
-      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int j) {
-        tma_perm_rows(st + L::kK, &tm_k, bar, 0, j * kBM, qb.bhk, D);  // keys in perm_base's order
-        tma_load_3d(st + L::kVT, &tm_vt, bar, j * kBM, 0, qb.bhk);
-      }, [&](int j) { put_k_scale<STAGES, false>(smem + L::kX, p, qb.bhk, j); });
+      produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int i) {
+        tma_perm_rows(st + L::kK, &tm_k, bar, 0, (qb.j0 + i) * kBM, qb.bhk, D);  // keys in perm_base's order
+        tma_load_3d(st + L::kVT, &tm_vt, bar, (qb.j0 + i) * kBM, 0, qb.bhk);
+      }, [&](int i) { put_k_scale<STAGES, false>(smem + L::kX, p, qb.bhk, i, qb.j0 + i); });
     }
     return;
   }
@@ -1189,27 +1224,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     [[maybe_unused]] float ksc_next = stage_k_scale<STAGES>(smem + L::kX, 0);
     wg_wait0();
     reg_fence(sacc);
-    auto step = [&](int j, auto edge_c) {
+    auto step = [&](int i, auto edge_c) {  // the CTA's step i: key step j
       constexpr int kEdge = decltype(edge_c)::value;
+      const int j = qb.j0 + i;
       const int n0 = j * kBM;
-      const uint8_t* st = smem + L::kStage0 + (j % STAGES) * L::kStageBytes;
+      const uint8_t* st = smem + L::kStage0 + (i % STAGES) * L::kStageBytes;
 #if SAGE_TRAIN_EARLY
       const float ksc = ksc_next;
 #else
       const float ksc = __ldg(p.ks + static_cast<size_t>(qb.bhk) * p.nkb + j);
 #endif
       const float vsc = __ldg(p.vs + static_cast<size_t>(qb.bhk) * p.nkb + j);
-      const bool edge =
-          kEdge == 1 || (kEdge == 2 && (n0 + kBM > p.lk || (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
+      const bool edge = kEdge == 1 || (kEdge == 2 && (n0 < qb.klo || n0 + kBM > qb.khi ||
+                                                      (CAUSAL && n0 + kBM - 1 > qb.m0 + ln.wg * 64 + p.coff)));
       float z[32], alpha[2], rs[2] = {0.f, 0.f};
       uint32_t pa[2][4];
       float sp[2];
 #if SAGE_TRAIN_FWDMAX
       // the row max on S's bits; P~ = exp2(S * a + (off - m_new)), one FFMA a logit; ψ's row max from the row max
-      fwd_softmax<CAUSAL>(z, sacc, qsc * ksc, m_i, alpha, rs, pa, sp, edge, n0, t, row0, p.lk, p.coff);
+      fwd_softmax<CAUSAL>(z, sacc, qsc * ksc, m_i, alpha, rs, pa, sp, edge, n0, t, row0, qb.klo, qb.khi, p.coff);
 #else
       // z = S * qsc * ksc (-inf where masked); the row max; P~ = exp2(z - m_new)
-      row_logits<CAUSAL>(z, sacc, qsc * ksc, {0.f, 0.f}, edge, n0, t, row0, p.lk, p.coff);  // (fma with +0: the product)
+      row_logits<CAUSAL>(z, sacc, qsc * ksc, {0.f, 0.f}, edge, n0, t, row0, qb.klo, qb.khi, p.coff);  // (+0: the product)
       float msafe[2];
 #pragma unroll
       for (int rh = 0; rh < 2; ++rh) {
@@ -1235,15 +1271,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
       // the turn: PV of this step, then S of the next one (this step's k̂ again on the last: dropped)
-      const bool more = j + 1 < qb.n_tiles;
-      const int j1 = more ? j + 1 : j;
-      if (more) ring.wait_full(j1);
-      if (SAGE_TRAIN_EARLY) ksc_next = stage_k_scale<STAGES>(smem + L::kX, j1);
+      const bool more = i + 1 < qb.n_tiles;
+      const int i1 = more ? i + 1 : i;
+      if (more) ring.wait_full(i1);
+      if (SAGE_TRAIN_EARLY) ksc_next = stage_k_scale<STAGES>(smem + L::kX, i1);
       uint32_t pv[D / 2];
       s_fill(sacc);
       wg_fence();
       wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kVT));
-      issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (j1 % STAGES) * L::kStageBytes + L::kK));
+      issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (i1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
       // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
       if (!SAGE_TRAIN_LAZY || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
@@ -1253,7 +1289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_wait0();
       reg_fence(pv);
       reg_fence(sacc);
-      ring.release(j);
+      ring.release(i);
       const float f[2] = {sp[0] * vsc, sp[1] * vsc};
 #pragma unroll
       for (int i = 0; i < D / 8; ++i)
@@ -1265,7 +1301,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             acc = fmaf(__int2float_rn(static_cast<int>(pv[4 * i + 2 * rh + e])), f[rh], acc);
           }
     };
-    run_steps(0, qb.n_tiles, 0, full_steps<CAUSAL>(qb, ln.wg, p), step);
+    const int2 full = full_steps<CAUSAL>(qb, ln.wg, p);
+    run_steps(0, qb.n_tiles, full.x, full.y, step);
   }
 
   // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
@@ -1314,13 +1351,15 @@ int dispatch(int d, bool causal, bool fp16, F&& f) {
 // Returns 0 on success; 1 unsupported arguments; 10-13 tensor-map / launch failures. Tensors as described at the
 // top (contiguous HND); lengths in elements; dK / dV strides (sob, soh, son) in elements, channel stride 1; c =
 // softmax scale * log2(e), sm = softmax scale; causal: key n visible from query m iff n <= m + coff. gate, want
-// (every launcher's): want >= 0, the CTAs leave at once unless gate[0] (device memory) == want (gated_off).
+// (every launcher's): want >= 0, the CTAs leave at once unless gate[0] (device memory) == want (gated_off); krange
+// (every launcher's): null, or (B, 2) int32 in device memory, batch b's visible keys [krange[2b], krange[2b + 1])
+// (key_range; with causal, keys visible under both rules).
 extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const float* qs, const void* k8,
                                          const float* ks, const void* v16, const float* lse2, const float* delta,
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
                                          int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
-                                         const int* gate, int want, void* stream) {
+                                         const int* gate, int want, const int* krange, void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lq % 16 != 0 ||
@@ -1357,7 +1396,7 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
   if (!rc) rc = make_map(&maps[7], delta, 3, l_dims, l_str, l_box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_DATA_TYPE_FLOAT32);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want};
+  Params p{qs, sdo, ks, dk, dv, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want, krange};
   const int gx = (lk + kBN - 1) / kBN, gy = b * hkv;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
@@ -1376,7 +1415,7 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
                                        const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
                                        int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
                                        float c, float sm, int causal, int coff, const int* gate, int want,
-                                       void* stream) {
+                                       const int* krange, void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
@@ -1405,7 +1444,8 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   if (!rc) rc = make_map(&maps[4], k8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want};
+  DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want,
+             krange};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
@@ -1424,7 +1464,7 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
                                         const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
                                         int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
                                         long long son, float c, int causal, int coff, const int* gate, int want,
-                                        void* stream) {
+                                        const int* krange, void* stream) {
   using namespace sage_sm90;
   using namespace sage_sm90::train;
   if ((d != 64 && d != 128) || hkv <= 0 || hq % hkv != 0 || lq <= 0 || lk <= 0 || lk % 16 != 0 ||
@@ -1444,7 +1484,7 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
   if (!rc) rc = make_map(&maps[2], v8t, 3, t_dims, t_str, t_box, CU_TENSOR_MAP_SWIZZLE_64B);
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
-  FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son, gate, want};
+  FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son, gate, want, krange};
   const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
   return dispatch(d, causal, out_fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;

@@ -10,30 +10,42 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
                                          const void* do16, const void* do8t, const float* sdo, void* dk, void* dv,
                                          int fp16, int b, int hq, int hkv, int lq, int lk, int d, long long sob,
                                          long long soh, long long son, float c, float sm, int causal, int coff,
-                                         const int* gate, int want, void* stream);
+                                         const int* gate, int want, const int* krange, void* stream);
 
 extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const void* k8, const void* k8t,
                                        const float* ks, const void* v16, const float* kmean, const float* lse2,
                                        const float* delta, const void* do16, void* dq, int fp16, int b, int hq,
                                        int hkv, int lq, int lk, int d, long long sob, long long soh, long long son,
                                        float c, float sm, int causal, int coff, const int* gate, int want,
-                                       void* stream);
+                                       const int* krange, void* stream);
 
 extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const void* k8, const float* ks,
                                         const void* v8t, const float* vs, void* out, float* lse, int out_fp16, int b,
                                         int hq, int hkv, int lq, int lk, int d, long long sob, long long soh,
                                         long long son, float c, int causal, int coff, const int* gate, int want,
-                                        void* stream);
+                                        const int* krange, void* stream);
 
 namespace {
 
-// The launch's gate: want >= 0, the kernel computes only where the device-side gate[0] == want (int32 on the device,
-// one element at least; a mask's structure decided there, no host sync); want < 0: no gate (gate not read)
-const int* gate_ptr(const at::Tensor& gate, int64_t want) {
-  if (want < 0) return nullptr;
-  TORCH_CHECK(gate.is_cuda() && gate.scalar_type() == at::kInt && gate.numel() >= 1,
-              "sage_compile sm90 int8_train: gate must be a CUDA int32 tensor");
-  return gate.data_ptr<int>();
+// The launch's gate and key ranges (a bool mask's structure decided on the device, no host sync; gate int32 on the
+// device, contiguous): want >= 0, the kernel computes only where the device-side gate[0] == want, or with keyrange
+// where gate[1] == want, and then batch i sees keys [gate[2 + 2i], gate[3 + 2i]) only (the layout of attention.py's
+// mask_gate); want < 0: no gate (gate not read)
+struct Gate {
+  const int* word;    // null: no gate
+  const int* krange;  // null: every key
+};
+Gate gate_args(const at::Tensor& gate, int64_t want, bool keyrange, int64_t b) {
+  if (want < 0) {
+    TORCH_CHECK(!keyrange, "sage_compile sm90 int8_train: key ranges come with a gate");
+    return {nullptr, nullptr};
+  }
+  TORCH_CHECK(gate.is_cuda() && gate.scalar_type() == at::kInt && gate.is_contiguous() &&
+                  gate.numel() >= (keyrange ? 2 + 2 * b : 1),
+              "sage_compile sm90 int8_train: gate must be a contiguous CUDA int32 tensor of ", keyrange ? 2 + 2 * b : 1,
+              " elements at least");
+  const int* g = gate.data_ptr<int>();
+  return keyrange ? Gate{g + 1, g + 2} : Gate{g, nullptr};
 }
 
 void check(const at::Tensor& t, at::ScalarType dtype, int64_t dim, const char* name) {
@@ -76,12 +88,12 @@ at::ScalarType check16(const at::Tensor& v16, const at::Tensor& do16) {
 // ceil(Lk/64)); v16 (B, Hkv, Lk, D) bf16/fp16; lse2, delta (B, Hq, Lq) fp32; do16 (B, Hq, Lq, D) as v16; do8t
 // (B, Hq, D, Lq) int8; sdo as qs; dk, dv (B, Hkv, Lk, D) values at strides (sob, soh, son, 1) in v16's dtype.
 // Lq a multiple of 16. c = softmax scale * log2(e), sm = softmax scale; causal: key n seen by query m iff
-// n <= m + coff. gate, want: see gate_ptr (every function takes them last).
+// n <= m + coff. gate, want, keyrange: see gate_args (every function takes them last).
 void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, const at::Tensor& k8,
           const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& lse2, const at::Tensor& delta,
           const at::Tensor& do16, const at::Tensor& do8t, const at::Tensor& sdo, at::Tensor& dk, at::Tensor& dv,
           double c, double sm, bool causal, int64_t coff, int64_t sob, int64_t soh, int64_t son,
-          const at::Tensor& gate, int64_t want) {
+          const at::Tensor& gate, int64_t want, bool keyrange) {
   check(q8, at::kChar, 4, "q8");
   check(q8t, at::kChar, 4, "q8t");
   check(k8, at::kChar, 4, "k8");
@@ -106,14 +118,15 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
               ", ", lq, ")");
   check_out(dk, t16, b, hkv, lk, d, sob, soh, son, "dk");
   check_out(dv, t16, b, hkv, lk, d, sob, soh, son, "dv");
+  const Gate g = gate_args(gate, want, keyrange, b);
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_dkdv(
       q8.data_ptr(), q8t.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
       lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), do8t.data_ptr(), sdo.data_ptr<float>(),
       dk.data_ptr(), dv.data_ptr(), t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq),
       static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d), sob, soh, son,
-      static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want),
-      static_cast<int>(want), at::cuda::getCurrentCUDAStream().stream());
+      static_cast<float>(c), static_cast<float>(sm), causal ? 1 : 0, static_cast<int>(coff), g.word,
+      static_cast<int>(want), g.krange, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
@@ -123,7 +136,7 @@ void dkdv(const at::Tensor& q8, const at::Tensor& q8t, const at::Tensor& qs, con
 void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& k8t,
         const at::Tensor& ks, const at::Tensor& v16, const at::Tensor& kmean, const at::Tensor& lse2,
         const at::Tensor& delta, const at::Tensor& do16, at::Tensor& dq, double c, double sm, bool causal,
-        int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want) {
+        int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want, bool keyrange) {
   check(q8, at::kChar, 4, "q8");
   check(k8, at::kChar, 4, "k8");
   check(k8t, at::kChar, 4, "k8t");
@@ -144,13 +157,14 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
   TORCH_CHECK(kmean.size(0) == b && lse2.size(0) == b && lse2.size(1) == hq,
               "sage_compile sm90 int8_train: kmean / lse2 batch or heads");
   check_out(dq, t16, b, hq, lq, d, sob, soh, son, "dq");
+  const Gate g = gate_args(gate, want, keyrange, b);
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_dq(
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), k8t.data_ptr(), ks.data_ptr<float>(), v16.data_ptr(),
       kmean.data_ptr<float>(), lse2.data_ptr<float>(), delta.data_ptr<float>(), do16.data_ptr(), dq.data_ptr(),
       t16 == at::kHalf, static_cast<int>(b), static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq),
       static_cast<int>(lk), static_cast<int>(d), sob, soh, son, static_cast<float>(c), static_cast<float>(sm),
-      causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want), static_cast<int>(want),
+      causal ? 1 : 0, static_cast<int>(coff), g.word, static_cast<int>(want), g.krange,
       at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train dQ kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
@@ -161,7 +175,7 @@ void dq(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const 
 // fp32 contiguous. Lk a multiple of 16.
 void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const at::Tensor& ks,
          const at::Tensor& v8t, const at::Tensor& vs, at::Tensor& out, at::Tensor& lse, double c, bool causal,
-         int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want) {
+         int64_t coff, int64_t sob, int64_t soh, int64_t son, const at::Tensor& gate, int64_t want, bool keyrange) {
   check(q8, at::kChar, 4, "q8");
   check(k8, at::kChar, 4, "k8");
   check(v8t, at::kChar, 4, "v8t");
@@ -179,13 +193,14 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
   check_scales(qs, b, hq, lq, 128, "qs");
   check_scales(ks, b, hkv, lk, 64, "ks");
   check_out(out, out.scalar_type(), b, hq, lq, d, sob, soh, son, "out");
+  const Gate g = gate_args(gate, want, keyrange, b);
   const c10::cuda::CUDAGuard guard(q8.device());
   const int rc = sage_int8_train_sm90_fwd(
       q8.data_ptr(), qs.data_ptr<float>(), k8.data_ptr(), ks.data_ptr<float>(), v8t.data_ptr(), vs.data_ptr<float>(),
       out.data_ptr(), lse.data_ptr<float>(), out.scalar_type() == at::kHalf, static_cast<int>(b),
       static_cast<int>(hq), static_cast<int>(hkv), static_cast<int>(lq), static_cast<int>(lk), static_cast<int>(d),
-      sob, soh, son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff), gate_ptr(gate, want),
-      static_cast<int>(want), at::cuda::getCurrentCUDAStream().stream());
+      sob, soh, son, static_cast<float>(c), causal ? 1 : 0, static_cast<int>(coff), g.word, static_cast<int>(want),
+      g.krange, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(rc == 0, "sage_compile sm90 int8_train forward kernel failed (code ", rc,
               ": 1 unsupported shape, 10 no cuTensorMapEncodeTiled, 11 tensor map, 12-13 launch)");
 }
@@ -206,13 +221,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 // dynamic shapes made them constants, one compile per sequence length (tests/test_traced_train.py).
 TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("fwd(Tensor q8, Tensor qs, Tensor k8, Tensor ks, Tensor v8t, Tensor vs, Tensor(a!) out, Tensor(b!) lse, "
-        "float c, bool causal, SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want) -> ()");
+        "float c, bool causal, SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want, "
+        "bool keyrange) -> ()");
   m.def("dkdv(Tensor q8, Tensor q8t, Tensor qs, Tensor k8, Tensor ks, Tensor v16, Tensor lse2, Tensor delta, "
         "Tensor do16, Tensor do8t, Tensor sdo, Tensor(a!) dk, Tensor(b!) dv, float c, float sm, bool causal, "
-        "SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want) -> ()");
+        "SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor gate, int want, bool keyrange) -> ()");
   m.def("dq(Tensor q8, Tensor qs, Tensor k8, Tensor k8t, Tensor ks, Tensor v16, Tensor kmean, Tensor lse2, "
         "Tensor delta, Tensor do16, Tensor(a!) dq, float c, float sm, bool causal, SymInt coff, SymInt sob, "
-        "SymInt soh, SymInt son, Tensor gate, int want) -> ()");
+        "SymInt soh, SymInt son, Tensor gate, int want, bool keyrange) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA, m) {

@@ -308,8 +308,8 @@ attention_train.register_autograd(_backward_through(torch.ops.sage_compile.atten
 @torch.library.custom_op("sage_compile::train_mask_gate", mutates_args=())
 def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Tensor:
     """The training kernels' device-side check of a head-shared bool ``attn_mask`` (broadcastable to (B, Hq, Lq, Lk)):
-    int32[1], 1 causal bottom-right, 2 all true, 0 anything else
-    (:func:`sage_compile.kernels.int8_train.attention.mask_gate`). The traced training ops call it as one opaque op,
+    int32 (2 + 2B), [0] 1 causal bottom-right, 2 all true, 0 anything else, [1] the same within each batch's key
+    range (key padding), then the key ranges (:func:`sage_compile.kernels.int8_train.attention.mask_gate`). The traced training ops call it as one opaque op,
     so that torch.compile's CSE merges the calls of every site on the same mask, and the backward's, into one."""
     from .kernels._common import mask_view
     from .kernels.int8_train.attention import mask_gate
@@ -319,7 +319,7 @@ def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Ten
 
 @train_mask_gate.register_fake
 def _(attn_mask, b, hq, lq, lk):
-    return attn_mask.new_empty((1,), dtype=torch.int32)
+    return attn_mask.new_empty((2 + 2 * b,), dtype=torch.int32)
 
 
 # The same two ops as triton_ops, which torch.compile traces through (what the graph rewrite emits on CUDA; see

@@ -19,19 +19,25 @@ from sage_compile.reference.int8_train import _tile_quant
 LN2 = math.log(2.0)
 # the binding's parameter kinds, in order (tests/test_csrc_train_glue.py checks them against the .cpp)
 KINDS = {
-    "fwd": ("T", "T", "T", "T", "T", "T", "T", "T", "f", "b", "i", "i", "i", "i", "T", "i"),
-    "dkdv": ("T",) * 13 + ("f", "f", "b", "i", "i", "i", "i", "T", "i"),
-    "dq": ("T",) * 11 + ("f", "f", "b", "i", "i", "i", "i", "T", "i"),
+    "fwd": ("T", "T", "T", "T", "T", "T", "T", "T", "f", "b", "i", "i", "i", "i", "T", "i", "b"),
+    "dkdv": ("T",) * 13 + ("f", "f", "b", "i", "i", "i", "i", "T", "i", "b"),
+    "dq": ("T",) * 11 + ("f", "f", "b", "i", "i", "i", "i", "T", "i", "b"),
 }
-CALLS: list = []  # (function name, the call's shapes, causal, coff, want) of every call, for the tests
+CALLS: list = []  # (function name, the call's shapes, causal, coff, want, keyrange) of every call, for the tests
+RAN: list = []  # (function name, causal, key ranges read) of the calls that computed (not gated off)
 
 
-def _gated_off(gate, want):
-    """The launchers' gate (gated_off): want >= 0, the kernel computes only where gate[0] == want (int32)."""
+def _gate(gate, want, keyrange, b):
+    """The binding's gate_args: ``(off, krange)``. want >= 0: the kernel computes only where gate[0] == want (int32),
+    with keyrange where gate[1] == want, and then batch i sees keys [gate[2 + 2i], gate[3 + 2i]) only (krange
+    (B, 2), else None)."""
     if want < 0:
-        return False
-    assert gate.dtype == torch.int32 and gate.numel() >= 1, (gate.dtype, gate.shape)
-    return int(gate[0]) != want
+        assert not keyrange
+        return False, None
+    assert gate.dtype == torch.int32 and gate.is_contiguous() and gate.numel() >= (2 + 2 * b if keyrange else 1)
+    if keyrange:
+        return int(gate[1]) != want, gate[2:2 + 2 * b].view(b, 2)
+    return int(gate[0]) != want, None
 
 
 def _kinds(name, args):
@@ -60,11 +66,18 @@ def _group(x, hq):
     return x.repeat_interleave(hq // x.shape[1], 1)
 
 
-def _visible(lq, lk, causal, coff, device):
-    """Key n visible from query m iff n <= m + coff (causal), as the launchers define it."""
-    if not causal:
-        return None
-    return torch.arange(lk, device=device)[None, :] <= torch.arange(lq, device=device)[:, None] + coff
+def _visible(lq, lk, causal, coff, krange, device):
+    """Key n visible from query m iff n <= m + coff (causal) and, with ``krange`` (B, 2), n in its batch's range
+    clamped to [0, lk), as the launchers define it: broadcastable to (B, H, Lq, Lk), or None (every key)."""
+    n = torch.arange(lk, device=device)
+    vis = None
+    if causal:
+        vis = n[None, :] <= torch.arange(lq, device=device)[:, None] + coff
+    if krange is not None:
+        kr = krange.long()
+        inr = ((n >= kr[:, :1].clamp(0, lk)) & (n < kr[:, 1:].clamp(max=lk)))[:, None, None, :]
+        vis = inr if vis is None else vis & inr
+    return vis
 
 
 def _logits2(q8, qs, k8, ks, c):
@@ -84,7 +97,7 @@ def _write(out, vals, sob, soh, son):
 
 def fwd(*args):
     _kinds("fwd", args)
-    q8, qs, k8, ks, v8t, vs, out, lse, c, causal, coff, sob, soh, son, gate, want = args
+    q8, qs, k8, ks, v8t, vs, out, lse, c, causal, coff, sob, soh, son, gate, want, keyrange = args
     for t, n in ((q8, "q8"), (k8, "k8"), (v8t, "v8t")):
         _check(t, torch.int8, 4, n)
     _check(lse, torch.float32, 3, "lse")
@@ -93,11 +106,13 @@ def fwd(*args):
     hkv, lk = k8.shape[1], k8.shape[2]
     assert d in (64, 128) and lk % 16 == 0 and hq % hkv == 0 and v8t.shape == (b, hkv, d, lk)
     _scales(qs, b, hq, lq, 128, "qs"), _scales(ks, b, hkv, lk, 64, "ks"), _scales(vs, b, hkv, lk, 64, "vs")
-    CALLS.append(("fwd", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
-    if _gated_off(gate, want):
+    CALLS.append(("fwd", tuple(q8.shape), tuple(k8.shape), causal, coff, want, keyrange))
+    off, krange = _gate(gate, want, keyrange, b)
+    if off:
         return
+    RAN.append(("fwd", causal, krange is not None))
     z = _logits2(q8, qs, k8, ks, c)
-    vis = _visible(lq, lk, causal, coff, q8.device)
+    vis = _visible(lq, lk, causal, coff, krange, q8.device)
     if vis is not None:
         z = z.masked_fill(~vis, float("-inf"))
     m = z.amax(-1, keepdim=True)
@@ -111,11 +126,11 @@ def fwd(*args):
     lse.copy_(torch.where(l_ > 0, (m + torch.log2(l_.clamp_min(1e-30))) * LN2, float("-inf"))[..., 0])
 
 
-def _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff):
+def _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff, krange):
     """P (B, Hq, Lq, Lk) from S and the log2 LSE (+inf: 0), dP = dO·V̂^T in fp32, dS = P ∘ (dP - delta)."""
     hq, lq, lk = q8.shape[1], q8.shape[2], k8.shape[2]
     z = _logits2(q8, qs, k8, ks, c) - lse2[..., None]
-    vis = _visible(lq, lk, causal, coff, q8.device)
+    vis = _visible(lq, lk, causal, coff, krange, q8.device)
     if vis is not None:
         z = z.masked_fill(~vis, float("-inf"))
     p = torch.exp2(z)
@@ -145,17 +160,19 @@ def _sum_group(x, hkv):
 
 def dkdv(*args):
     _kinds("dkdv", args)
-    q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args[:-2]
-    gate, want = args[-2:]
+    q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, c, sm, causal, coff, sob, soh, son = args[:-3]
+    gate, want, keyrange = args[-3:]
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16,
                                            int8=dict(q8t=q8t, do8t=do8t), fp32=dict(sdo=sdo))
     assert lq % 16 == 0 and q8t.shape == do8t.shape == (b, hq, d, lq)
     _scales(sdo, b, hq, lq, 128, "sdo")
     assert dk.dtype == dv.dtype == v16.dtype and dk.stride() == dv.stride()
-    CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
-    if _gated_off(gate, want):
+    CALLS.append(("dkdv", tuple(q8.shape), tuple(k8.shape), causal, coff, want, keyrange))
+    off, krange = _gate(gate, want, keyrange, b)
+    if off:
         return
-    p, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
+    RAN.append(("dkdv", causal, krange is not None))
+    p, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff, krange)
     dof = _deq(do8t.transpose(-1, -2).contiguous(), sdo, 128)  # ψ(dO), what the dV product reads
     dvx = _tile_quant(p, 64, 1).transpose(-1, -2) @ dof  # ψ(P^T) per key over 64 queries
     qf = _deq(q8t.transpose(-1, -2).contiguous(), qs, 128)  # q̂ as the dK product reads it: from q̂^T
@@ -166,15 +183,18 @@ def dkdv(*args):
 
 def dq(*args):
     _kinds("dq", args)
-    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son, gate, want = args
+    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son, gate, want, keyrange = \
+        args
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16, int8=dict(k8t=k8t),
                                            fp32=dict(kmean=kmean))
     assert lk % 16 == 0 and k8t.shape == (b, hkv, d, lk) and kmean.shape == (b, hkv, d)
     assert dq_.dtype == v16.dtype
-    CALLS.append(("dq", tuple(q8.shape), tuple(k8.shape), causal, coff, want))
-    if _gated_off(gate, want):
+    CALLS.append(("dq", tuple(q8.shape), tuple(k8.shape), causal, coff, want, keyrange))
+    off, krange = _gate(gate, want, keyrange, b)
+    if off:
         return
-    _, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff)
+    RAN.append(("dq", causal, krange is not None))
+    _, ds = _dp_ds(q8, qs, k8, ks, v16, lse2, delta, do16, c, causal, coff, krange)
     dsq = _tile_quant(ds, 1, 64)  # ψ per query row over each 64-key step
     kf = _deq(k8t.transpose(-1, -2).contiguous(), ks, 64)  # k̂ as the dQ product reads it: from k̂^T
     out = (dsq @ _group(kf, hq) + dsq.sum(-1, keepdim=True) * _group(kmean, hq)[:, :, None, :]) * sm

@@ -58,6 +58,7 @@ def model(monkeypatch):
     monkeypatch.setattr(cuda, "unsupported", cuda.call_rules)
     monkeypatch.setattr(cuda, "load", lambda: M)
     M.CALLS.clear()
+    M.RAN.clear()
     return M
 
 
@@ -140,13 +141,67 @@ def test_causal_bool_mask_runs_gated_cuda_launches(model):
     o1, l1 = KA.forward(*qt[:6], "bottom_right", None, "HND", torch.bfloat16)
     g1 = KA.backward(*qt, o1, l1, do, "bottom_right", None, "HND", torch.bfloat16, psi="split")
     M.CALLS.clear()
+    M.RAN.clear()
     o2, l2 = KA.forward(*qt[:6], "none", None, "HND", torch.bfloat16, attn_mask=mask)
     g2 = KA.backward(*qt, o1, l1, do, "none", None, "HND", torch.bfloat16, attn_mask=mask, psi="split")
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
-    calls = [(c[0], c[3], c[5]) for c in M.CALLS]  # (function, causal, want)
-    assert calls == [("fwd", False, 2), ("fwd", True, 1), ("dkdv", False, 2), ("dq", False, 2), ("dkdv", True, 1),
-                     ("dq", True, 1)], calls
+    calls = [(c[0], c[3], c[5], c[6]) for c in M.CALLS]  # (function, causal, want, key ranges)
+    assert calls == [("fwd", False, 2, True), ("fwd", True, 1, True), ("dkdv", False, 2, True),
+                     ("dq", False, 2, True), ("dkdv", True, 1, True), ("dq", True, 1, True)], calls
+    assert M.RAN == [("fwd", True, True), ("dkdv", True, True), ("dq", True, True)], M.RAN
+
+
+def _fp32_masked(q, k, v, do, mask):
+    """fp32 autograd gradients of attention under a bool ``mask`` (rows without keys: 0), HND, GQA."""
+    qq, kk, vv = (x.detach().float().requires_grad_() for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    s = (qq @ kk.repeat_interleave(g, 1).transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf"))
+    alive = torch.isfinite(s).any(-1, keepdim=True)
+    o = (torch.softmax(torch.where(alive, s, 0.0), -1) * alive) @ vv.repeat_interleave(g, 1)
+    return torch.autograd.grad(o, (qq, kk, vv), do.float())
+
+
+def _padded_masks(b, lq, lk):
+    """Bool masks with key padding: causal bottom-right with batch 0 right-padded (100 keys) and batch 1
+    left-padded (40 keys out: its first 8 rows see none), and a key mask (B, 1, 1, Lk) with batch 1 right-padded to
+    70 keys (its last 64-key step partly in)."""
+    causal = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)[None, None].repeat(b, 1, 1, 1)
+    causal[0, ..., 100:] = False
+    causal[1, ..., :40] = False
+    keys = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+    keys[1, ..., 70:] = False
+    return {"causal_padded": (causal, True), "key_padding": (keys.expand(b, 1, lq, lk), False)}
+
+
+@pytest.mark.parametrize("name", ["causal_padded", "key_padding"])
+def test_padded_bool_mask_runs_the_cuda_launches_on_key_ranges(name, model):
+    """A bool mask with key padding (a batch of padded sequences) runs on the CUDA kernels, which read each batch's
+    key range from the device-side check (gate word 1), and not on the mask-reading Triton kernels: exactly one
+    launch of each kernel computes, with the key ranges, and O, the LSE and the gradients are the reference's under
+    that mask (the same error vs fp32 autograd; fully masked rows 0)."""
+    b, hq, hkv, lq, lk = 2, 4, 2, 96, 128
+    mask, causal = _padded_masks(b, lq, lk)[name]
+    q, k, v, do = _inputs(64, b, hq, hkv, lq, lk, "HND", torch.bfloat16, seed=11)
+    got_q, want_q = KQ.quantize(q, k, v), R.quantize(q, k, v)
+    o, lse = KA.forward(*got_q[:6], "none", None, "HND", torch.bfloat16, attn_mask=mask)
+    ro, rlse = R.forward(*want_q[:6], "none", None, "HND", torch.bfloat16, attn_mask=mask)
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(rlse))  # rows without keys: -inf in both
+    assert bool((~torch.isfinite(rlse)).any()) == causal
+    fin = torch.isfinite(rlse)
+    assert (lse[fin] - rlse[fin]).abs().max() < 1e-4
+    assert cos_rel(o.float(), ro.float())[1] < 0.01
+    got = KA.backward(*got_q, o, lse, do, "none", None, "HND", torch.bfloat16, attn_mask=mask, psi="split")
+    ref = R.backward(*want_q, ro, rlse, do, "none", None, "HND", torch.bfloat16, attn_mask=mask, psi="split")
+    want = _fp32_masked(q, k, v, do, mask)
+    for n, a, r, w in zip(("dq", "dk", "dv"), got, ref, want):
+        assert torch.isfinite(a).all(), n
+        ka, kr = cos_rel(a.float(), w), cos_rel(r.float(), w)
+        assert ka[1] <= 1.1 * kr[1] + 1e-3 and ka[0] >= kr[0] - 1e-3, (n, ka, kr)
+        assert cos_rel(a.float(), r.float())[1] < 0.4 * kr[1], (n, cos_rel(a.float(), r.float()), kr)
+    out = [(1, slice(70, None))] if name == "key_padding" else [(0, slice(100, None)), (1, slice(0, 40))]
+    assert all((g[i, :, keys] == 0).all() for g in got[1:] for i, keys in out)  # dK, dV of padded keys
+    assert M.RAN == [(f, causal, True) for f in ("fwd", "dkdv", "dq")], M.RAN
 
 
 class _Counted:

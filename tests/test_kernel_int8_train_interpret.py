@@ -284,14 +284,21 @@ def test_bool_mask_handed_over_as_bool_gives_the_same_bits(name, monkeypatch):
 
 def test_mask_gate_op_names_the_masks_structure():
     """``sage_compile::train_mask_gate``, the traced ops' device-side check of a head-shared bool mask (one a graph):
-    1 for causal bottom-right, 2 for all true, 0 where keys are padded out; the op passes ``opcheck``."""
+    word 0 1 for causal bottom-right, 2 for all true, 0 where keys are padded out; word 1 the same within each batch's
+    key range, which follows (the CUDA kernels read it); 0 and 0 for any other mask. The op passes ``opcheck``."""
     import sage_compile.ops  # noqa: F401  (registers the op)
 
     b, hq, lq, lk = 2, 4, 48, 80
     causal = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)[None, None].expand(b, 1, lq, lk)
     padded = causal.clone()
-    padded[1, :, :, :5] = False
+    padded[1, :, :, :5] = False  # batch 1 left-padded by 5 keys
+    keys = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+    keys[0, ..., 60:] = False  # batch 0 right-padded to 60 keys, a key mask (B, 1, 1, Lk)
+    other = torch.rand(b, 1, lq, lk, generator=torch.Generator().manual_seed(0)) > 0.3
     gate = torch.ops.sage_compile.train_mask_gate
-    for mask, want in ((causal, 1), (torch.ones(b, 1, lq, lk, dtype=torch.bool), 2), (padded, 0)):
-        assert gate(mask, b, hq, lq, lk).tolist() == [want]
+    full = [0, lk, 0, lk]
+    for mask, want in ((causal, [1, 1] + full), (torch.ones(b, 1, lq, lk, dtype=torch.bool), [2, 2] + full),
+                       (padded, [0, 1, 0, lk, 5, lk]), (keys, [0, 2, 0, 60, 0, lk])):
+        assert gate(mask, b, hq, lq, lk).tolist() == want
+    assert gate(other, b, hq, lq, lk)[:2].tolist() == [0, 0]
     torch.library.opcheck(gate.default, (causal, b, hq, lq, lk))

@@ -16,7 +16,8 @@ dV / dK (``_bwd_dkdv_split``: 128 keys x 64-query tiles), and per query row (ove
 in dQ. Every tile is laid out so that the program's 8 warps split its rows: none computes a replica.
 Masks: causal (top_left / bottom_right) from indices, bool / additive masks read in-kernel; a head-shared
 bool mask that is exactly causal (or all true) is recognised on the device and run as the causal (or
-unmasked) kernel, without a host sync (:func:`_mask_plan`).
+unmasked) kernel, without a host sync (:func:`_mask_plan`); on the CUDA kernels also one that is causal and / or
+key padding (each batch's key range read by the kernels).
 """
 from __future__ import annotations
 
@@ -507,15 +508,21 @@ _dq_tuned = triton.autotune(configs=_bwd_configs(), key=_BWD_KEY + ["PSI_ROWS"])
 
 @triton.jit
 def _gate(FLAG, KRANGE, GATE, B, LK, BLOCK_B: tl.constexpr):
-    """GATE[0] = :func:`mask_structure`'s flag where every batch's key range is all LK keys (1: the mask is causal
-    bottom-right, 2: all true), else 0 (read the mask): which of a call's gated launches computes (one program)."""
+    """The gate words of :func:`mask_gate` from :func:`mask_structure`'s flag and key ranges (one program): GATE[0]
+    the flag where every batch's key range is all LK keys (1: the mask is causal bottom-right, 2: all true), else 0
+    (read the mask); GATE[1] the flag (1: causal bottom-right within each batch's key range, 2: the key range alone,
+    0: read the mask); GATE[2 + 2b], GATE[3 + 2b] batch b's key range."""
     nbad = 0
     for b0 in range(0, B, BLOCK_B):
         rb = b0 + tl.arange(0, BLOCK_B)
         lo = tl.load(KRANGE + 2 * rb, mask=rb < B, other=0)
         hi = tl.load(KRANGE + 2 * rb + 1, mask=rb < B, other=LK)
+        tl.store(GATE + 2 + 2 * rb, lo, mask=rb < B)
+        tl.store(GATE + 3 + 2 * rb, hi, mask=rb < B)
         nbad += tl.sum(((lo != 0) | (hi != LK)).to(tl.int32))
-    tl.store(GATE, tl.where(nbad == 0, tl.load(FLAG), 0))
+    flag = tl.load(FLAG)
+    tl.store(GATE, tl.where(nbad == 0, flag, 0))
+    tl.store(GATE + 1, flag)
 
 
 def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
@@ -523,9 +530,11 @@ def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
     causal, want)``. Without a gate (None) one variant, ``want`` -1. A head-shared bool mask (no causal rule) is
     checked on the device instead of on the host (:func:`mask_gate`): one launch per answer, the mask read (want 0),
     no mask (2) and, where the mask varies along the queries, causal bottom-right (1), each leaving at once unless
-    the gate names it. No host sync: the stream never waits for the host, and CUDA graphs can capture the call.
-    Traced (:func:`sage_compile._tracing.in_graph`), the check is one opaque op (``sage_compile::train_mask_gate``)
-    whose calls on the same mask torch.compile's CSE merges: one check a graph for every site and for the backward."""
+    the gate names it: where the no-mask launches run on the CUDA kernels, the answer of ``gate[1]``, which counts a
+    key-padded mask as structured (those kernels read the key ranges; :func:`_gate_word`), else of ``gate[0]``. No
+    host sync: the stream never waits for the host, and CUDA graphs can capture the call. Traced
+    (:func:`sage_compile._tracing.in_graph`), the check is one opaque op (``sage_compile::train_mask_gate``) whose
+    calls on the same mask torch.compile's CSE merges: one check a graph for every site and for the backward."""
     mask, kind, strides = mask_view(attn_mask, b, hq, lq, lk, dummy)
     if kind == 1 and causal == "none" and mask.stride(1) == 0 and lq > 0 and lk > 0:
         gate = (torch.ops.sage_compile.train_mask_gate(attn_mask, b, hq, lq, lk) if in_graph()
@@ -539,15 +548,24 @@ def _mask_plan(attn_mask, causal, b, hq, lq, lk, dummy):
 
 
 def mask_gate(mask, b, lq, lk):
-    """int32[1] on the device: 1 where the head-shared bool ``mask`` (a uint8 view expanded to (B, H, Lq, Lk)) is
-    causal bottom-right, 2 where it is all true, else 0 (:func:`mask_structure`, then :func:`_gate`: three
+    """int32 (2 + 2B) on the device, the structure of the head-shared bool ``mask`` (a uint8 view expanded to (B, H,
+    Lq, Lk)): [0] 1 where it is causal bottom-right, 2 where it is all true, else 0; [1] 1 where it is causal
+    bottom-right within each batch's key range (left or right key padding), 2 where it is the key range alone, else
+    0; [2 + 2b], [3 + 2b] batch b's key range [first, end) (:func:`mask_structure`, then :func:`_gate`: three
     launches, no host sync)."""
     from ..int8_fp8.attention import mask_structure
 
     flag, krange = mask_structure(mask, lq, lk)
-    gate = torch.empty(1, dtype=torch.int32, device=mask.device)
+    gate = torch.empty(2 + 2 * b, dtype=torch.int32, device=mask.device)
     launch(_gate, (1,))(flag, krange, gate, b, lk, BLOCK_B=max(16, min(1024, pow2(b))))
     return gate
+
+
+def _gate_word(gate, keyrange: bool):
+    """The GATE argument of a call's Triton launches: ``gate`` itself (their test reads its first word), from its
+    second word where the call's no-mask launches run on the CUDA kernels with key ranges (``keyrange``), so that
+    the mask-reading launch computes exactly where those do not (None: no gate)."""
+    return gate[1:] if gate is not None and keyrange else gate
 
 
 def _dkdv_parts(d):
@@ -596,13 +614,16 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
     v8t = tokens_last(v8) if v8t is None else v8t
+    keyrange = gate is not None and _use_cuda(q8, k8, 0, "split", out_dtype, forward=True)
     for mask, kind, ms, rule, want in variants:
         if _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
             from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
 
-            train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want)
+            train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want,
+                               keyrange=keyrange)
             continue
-        args = (q8, qs, k8, ks, v8t, vs, mask, _or_dummy(gate, qs), want, out, lse, c, *ms, sob, soh, son,
+        args = (q8, qs, k8, ks, v8t, vs, mask, _or_dummy(_gate_word(gate, keyrange), qs), want, out, lse, c, *ms,
+                sob, soh, son,
                 hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
         meta = dict(CAUSAL=CAUSAL_CODES[rule], MASK_KIND=kind, GATED=gate is not None, BLOCK_N=BLOCK_KV,
                     BLOCK_D=max(16, pow2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
@@ -659,16 +680,17 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
+    keyrange = gate is not None and split and _use_cuda(q8, k8, 0, psi, dk.dtype)
     for mask, kind, ms, rule, want in variants:
         if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
-                            bhn_strides(dk, layout), gate=gate, want=want)
+                            bhn_strides(dk, layout), gate=gate, want=want, keyrange=keyrange)
             train_cuda.dq(q8, qs, k8, k8t, ks, v16, kmean.float(), lse2, delta, do16, dq, rule, sm,
-                          bhn_strides(dq, layout), gate=gate, want=want)
+                          bhn_strides(dq, layout), gate=gate, want=want, keyrange=keyrange)
             continue
-        g = (mask, _or_dummy(gate, qs), want)
+        g = (mask, _or_dummy(_gate_word(gate, keyrange), qs), want)
         dkdv_args = (q8, q8t, qs, k8, ks, v16, *g, lse, delta, do16, do8t, sdo, dk, dv, c, sm, *ms,
                      *bhn_strides(dk, layout), *common)
         dq_args = (q8, qs, k8, k8t, ks, v16, kmean, *g, lse, delta, do16, dq, c, sm, *ms,

@@ -2,8 +2,8 @@
 
 ``SAGE_COMPILE_INT8_TRAIN_CORE`` (:func:`sage_compile.config.int8_train_core`) ``auto`` (default) or ``cuda`` sends
 the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
-dim 64 or 128, no mask other than causal (a bool mask that is causal or all true, found on the device, runs here
-too: gated launches), keys (and for the backward queries) multiples of 16, a 16-bit dtype,
+dim 64 or 128, no mask other than causal (a bool mask that is causal and / or key padding, found on the device, runs
+here too: gated launches that read each batch's key range), keys (and for the backward queries) multiples of 16, a 16-bit dtype,
 an sm90 GPU); the quantization prologue and the backward's small preparation kernels stay on Triton. The
 backend starts their build in a background thread (:func:`prebuild`) when it rewrites a CUDA ``int8_train``
 site. Same numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets (ψ's
@@ -143,22 +143,24 @@ def prebuild() -> None:
 
 
 def forward(q8, qs, k8, ks, v8t, vs, out, lse, causal: str, c: float, out_strides: tuple, module=None,
-            gate: Optional[torch.Tensor] = None, want: int = -1) -> None:
+            gate: Optional[torch.Tensor] = None, want: int = -1, keyrange: bool = False) -> None:
     """The ``int8_train`` forward into ``out`` (values at ``out_strides``, channel stride 1, bf16/fp16) and
     ``lse`` (B, Hq, Lq) fp32 (natural log, -inf for rows without keys). Operands as
     :func:`sage_compile.kernels.int8_train.attention.forward` prepares them for ``_fwd_kernel`` (HND,
     contiguous; ``v8t`` (B, Hkv, D, Lk) V̂ transposed); ``c`` the softmax scale times log2(e). ``gate`` (int32,
-    on the device) and ``want`` >= 0: the kernel computes only where ``gate[0] == want`` (:func:`_gate_args`)."""
+    on the device), ``want`` >= 0 and ``keyrange``: see :func:`_gate_args`."""
     mod = load() if module is None else module
     _call(mod, "fwd", q8, qs, k8, ks, v8t, vs, out, lse, c, causal != "none", _coff(causal, q8.shape[2], k8.shape[2]),
-          *out_strides, *_gate_args(gate, want, qs))
+          *out_strides, *_gate_args(gate, want, keyrange, qs))
 
 
-def _gate_args(gate: Optional[torch.Tensor], want: int, dummy: torch.Tensor) -> tuple:
-    """The binding's last two arguments: ``(gate, want)``, or ``(dummy, -1)`` without a gate (then not read). A
-    gated kernel leaves at its start unless the device-side ``gate[0]`` is ``want`` (the masks of
-    :func:`sage_compile.kernels.int8_train.attention._mask_plan`: no host sync)."""
-    return (dummy, -1) if gate is None else (gate, int(want))
+def _gate_args(gate: Optional[torch.Tensor], want: int, keyrange: bool, dummy: torch.Tensor) -> tuple:
+    """The binding's last three arguments: ``(gate, want, keyrange)``, or ``(dummy, -1, False)`` without a gate (then
+    not read). A gated kernel leaves at its start unless the device-side ``gate[0]`` is ``want``; with ``keyrange``
+    unless ``gate[1]`` is, and then batch b sees keys ``[gate[2 + 2b], gate[3 + 2b])`` only (``gate`` as
+    :func:`sage_compile.kernels.int8_train.attention.mask_gate` writes it; the masks of ``_mask_plan`` there: no
+    host sync)."""
+    return (dummy, -1, False) if gate is None else (gate, int(want), bool(keyrange))
 
 
 def _coff(causal: str, lq: int, lk: int) -> int:
@@ -166,23 +168,25 @@ def _coff(causal: str, lq: int, lk: int) -> int:
 
 
 def dq(q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, causal: str, sm: float, out_strides: tuple,
-       module=None, gate: Optional[torch.Tensor] = None, want: int = -1) -> None:
+       module=None, gate: Optional[torch.Tensor] = None, want: int = -1, keyrange: bool = False) -> None:
     """dQ of the ``psi="split"`` backward into ``dq_out`` (values at ``out_strides``, channel stride 1, in
     ``v16``'s dtype), with the K-smoothing correction and the softmax scale. ``k8t`` (B, Hkv, D, Lk) k̂
     transposed, ``kmean`` (B, Hkv, D), ``lse2`` as :func:`dkdv`'s; the rest as :func:`dkdv`."""
     mod = load() if module is None else module
     _call(mod, "dq", q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_out, sm * LOG2E, sm, causal != "none",
-          _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
+          _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, keyrange, lse2))
 
 
 def dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, causal: str, sm: float,
-         out_strides: tuple, module=None, gate: Optional[torch.Tensor] = None, want: int = -1) -> None:
+         out_strides: tuple, module=None, gate: Optional[torch.Tensor] = None, want: int = -1,
+         keyrange: bool = False) -> None:
     """dK, dV of the ``psi="split"`` backward into ``dk``, ``dv`` (values at ``out_strides`` = (batch, head,
     token) strides, channel stride 1, in ``v16``'s dtype). Operands as :func:`sage_compile.kernels.int8_train.
     attention.backward` prepares them for ``_bwd_dkdv_split`` (HND, contiguous); ``lse2`` (B, Hq, Lq) the LSE in
     log2 units, +inf for rows without keys (P = exp2(z - lse2) is 0 there without a test; ``_bwd_prep`` writes it);
-    ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks); ``gate``, ``want`` as
-    :func:`forward`'s."""
+    ``sm`` the softmax scale; ``module``: a :func:`build` of other knobs (benchmarks); ``gate``, ``want``,
+    ``keyrange`` as :func:`forward`'s."""
     mod = load() if module is None else module
     _call(mod, "dkdv", q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, sm * LOG2E, sm,
-          causal != "none", _coff(causal, q8.shape[2], k8.shape[2]), *out_strides, *_gate_args(gate, want, lse2))
+          causal != "none", _coff(causal, q8.shape[2], k8.shape[2]), *out_strides,
+          *_gate_args(gate, want, keyrange, lse2))
