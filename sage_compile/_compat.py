@@ -87,20 +87,6 @@ def graph_prologue_inductor_patches() -> dict:
     return {"comprehensive_padding": False} if hasattr(c, "comprehensive_padding") else {}
 
 
-def static_launch_patches() -> dict:
-    """Inductor options for a graph whose sites launch this package's Triton kernels inside it (``wrap_triton``:
-    the traced training ops): ``static_launch_user_defined_triton_kernels``, so that Inductor launches them with
-    its static CUDA launcher, as it does its own kernels, instead of through Triton's launcher. Per launch, on the
-    host (run 139, H100, torch.profiler over a padded SmolLM2-shape step): ~20 us for our kernels against ~8 us for
-    Inductor's; a masked site makes 5 such launches a step. A kernel the static launcher cannot take falls back to
-    Triton's launcher (torch's check). Empty where the option or the static launcher does not exist or is off."""
-    import torch._inductor.config as c
-
-    if not getattr(c, "use_static_cuda_launcher", False) or not hasattr(c, "static_launch_user_defined_triton_kernels"):
-        return {}
-    return {"static_launch_user_defined_triton_kernels": True}
-
-
 def aot_cache_patches(functions) -> dict:
     """Inductor options under which AOTAutograd's cache accepts graphs calling ``functions`` (plain Python
     functions the rewrite puts in the graph: the graph prologue). Its safety check refuses any

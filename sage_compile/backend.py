@@ -76,7 +76,6 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
     patches = dict(torch._inductor.list_mode_options(mode)) if mode else {}
     if graph_prologue:
         patches.update(_compat.graph_prologue_inductor_patches())
-        patches.update(_compat.static_launch_patches())  # (the traced ops' Triton launches)
     # always: the package hash then joins every cache key of a graph we rewrote (our ops' fakes included)
     from .passes.rewrite import graph_prologue_functions
 
