@@ -561,6 +561,9 @@ def mask_gate(mask, b, lq, lk):
     return gate
 
 
+# A gated call's mask-reading launch (want 0) is always Triton's, and asks nothing of the CUDA kernels: asking would log
+# "masks other than causal run on the Triton kernels" (a warning under SAGE_COMPILE_INT8_TRAIN_CORE=cuda) for a mask
+# the CUDA launches beside it compute wherever the check finds it causal and / or key padding.
 def _gate_word(gate, keyrange: bool):
     """The GATE argument of a call's Triton launches: ``gate`` itself (their test reads its first word), from its
     second word where the call's no-mask launches run on the CUDA kernels with key ranges (``keyrange``), so that
@@ -616,7 +619,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     v8t = tokens_last(v8) if v8t is None else v8t
     keyrange = gate is not None and _use_cuda(q8, k8, 0, "split", out_dtype, forward=True)
     for mask, kind, ms, rule, want in variants:
-        if _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
+        if want != 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):  # (want 0: see _gate_word)
             from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
 
             train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want,
@@ -682,7 +685,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     keyrange = gate is not None and split and _use_cuda(q8, k8, 0, psi, dk.dtype)
     for mask, kind, ms, rule, want in variants:
-        if split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type)
+        if want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type; want 0: see _gate_word)
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
