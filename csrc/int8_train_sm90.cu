@@ -269,7 +269,8 @@ struct Params {
 };
 
 // A gated launch that does not compute: one of a call's launches per answer of a device-side check (a bool mask that
-// may be causal or all true, decided without a host sync: attention.py's _mask_plan); every CTA leaves at its start
+// may be causal and / or key padding, decided without a host sync: attention.py's _mask_plan); every CTA leaves at
+// its start
 __device__ __forceinline__ bool gated_off(const int* gate, int want) { return want >= 0 && __ldg(gate) != want; }
 
 // Batch b's visible keys [lo, hi): with krange (a bool mask's key padding, found on the device with its structure by
