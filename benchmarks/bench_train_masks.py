@@ -101,7 +101,6 @@ def main():
                                  causal=causal, metric="speedup", value=base / ms, note="vs sdpa (torch's pick)"))
         if a.out:
             write_records(a.out, recs)
-        del q, k, v, do, mask
     if a.out:
         print("wrote", a.out)
 

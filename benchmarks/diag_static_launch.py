@@ -42,6 +42,7 @@ llm_step(cm, ids)
 torch.cuda.synchronize()
 pr.disable()
 st = pstats.Stats(pr)
-n = {f"{k[0].split('/')[-1]}:{k[2]}": v[0] for k, v in st.stats.items() if k[2] in ("launch_metadata", "_launch_kernel", "run")}
+n = {f"{k[0].split('/')[-1]}:{k[2]}": v[0] for k, v in st.stats.items()
+     if k[2] in ("launch_metadata", "_launch_kernel", "run")}
 print(os.environ.get("TAG"), {k: v for k, v in n.items() if "launch" in k or "heuristics" in k or "static" in k})
 print("bypass:", sorted({m[:240] for m in msgs if "Bypass" in m}))

@@ -192,8 +192,8 @@ def main():
         if a.cprofile:
             host_profile(step, ids, dev, a.cprofile)
         kernel = dict(sdpa="sdpa_inductor", sage="sage_int8_train", sage_op="sage_int8_train_op")[variant]
-        note = (f"mask={a.mask}, pad={a.pad}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; median of "
-                f"{a.rounds} rounds of {a.steps} steps, the variants interleaved")
+        note = (f"mask={a.mask}, pad={a.pad}, mode={a.mode}; {launches:.0f} launches and {syncs:.0f} host syncs a step; "
+                f"median of {a.rounds} rounds of {a.steps} steps, the variants interleaved")
         recs.append(dict(meta, kernel=kernel, variant="train_step", metric="ms", value=ms, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_kernels", metric="ms", value=busy, note=note))
         recs.append(dict(meta, kernel=kernel, variant="train_step_warmup", metric="ms", value=first[variant] * 1e3,

@@ -183,8 +183,8 @@ def dkdv(*args):
 
 def dq(*args):
     _kinds("dq", args)
-    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son, gate, want, keyrange = \
-        args
+    q8, qs, k8, k8t, ks, v16, kmean, lse2, delta, do16, dq_, c, sm, causal, coff, sob, soh, son = args[:-3]
+    gate, want, keyrange = args[-3:]
     b, hq, lq, d, hkv, lk = _backward_args(q8, qs, k8, ks, v16, lse2, delta, do16, int8=dict(k8t=k8t),
                                            fp32=dict(kmean=kmean))
     assert lk % 16 == 0 and k8t.shape == (b, hkv, d, lk) and kmean.shape == (b, hkv, d)

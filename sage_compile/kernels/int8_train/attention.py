@@ -626,8 +626,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
                                keyrange=keyrange)
             continue
         args = (q8, qs, k8, ks, v8t, vs, mask, _or_dummy(_gate_word(gate, keyrange), qs), want, out, lse, c, *ms,
-                sob, soh, son,
-                hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
+                sob, soh, son, hq, hq // hkv, lq, lk, d, qs.shape[-1], ks.shape[-1])
         meta = dict(CAUSAL=CAUSAL_CODES[rule], MASK_KIND=kind, GATED=gate is not None, BLOCK_N=BLOCK_KV,
                     BLOCK_D=max(16, pow2(d)), EVEN_N=lk % BLOCK_KV == 0, EMULATE=EMULATE_FP8)
         if config is not None or EMULATE_FP8 or gate is not None:  # (no autotuning of a launch that may do nothing)
@@ -685,7 +684,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     kmean = k_mean.reshape(b, hkv, d).contiguous()
     keyrange = gate is not None and split and _use_cuda(q8, k8, 0, psi, dk.dtype)
     for mask, kind, ms, rule, want in variants:
-        if want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: the 16-bit type; want 0: see _gate_word)
+        if want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: 16-bit; want 0: see _gate_word)
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,

@@ -3,8 +3,8 @@
 ``SAGE_COMPILE_INT8_TRAIN_CORE`` (:func:`sage_compile.config.int8_train_core`) ``auto`` (default) or ``cuda`` sends
 the forward and the ``psi="split"`` backward (dK/dV, dQ) to these kernels wherever they support the call (head
 dim 64 or 128, no mask other than causal (a bool mask that is causal and / or key padding, found on the device, runs
-here too: gated launches that read each batch's key range), keys (and for the backward queries) multiples of 16, a 16-bit dtype,
-an sm90 GPU); the quantization prologue and the backward's small preparation kernels stay on Triton. The
+here too: gated launches that read each batch's key range), keys (and for the backward queries) multiples of 16, a
+16-bit dtype, an sm90 GPU); the quantization prologue and the backward's small preparation kernels stay on Triton. The
 backend starts their build in a background thread (:func:`prebuild`) when it rewrites a CUDA ``int8_train``
 site. Same numerics as ``_fwd_kernel``, ``_bwd_dkdv_split`` and ``_bwd_dq``: the same quantized sets (ψ's
 roundings of the exact products, where the Triton kernels round the product to fp32 first: about one value in
