@@ -310,8 +310,8 @@ def train_mask_gate(attn_mask: Tensor, b: int, hq: int, lq: int, lk: int) -> Ten
     """The training kernels' device-side check of a head-shared bool ``attn_mask`` (broadcastable to (B, Hq, Lq, Lk)):
     int32 (2 + 2B), [0] 1 causal bottom-right, 2 all true, 0 anything else, [1] the same within each batch's key
     range (key padding), then the key ranges (:func:`sage_compile.kernels.int8_train.attention.mask_gate`). The
-    traced training ops call it as one opaque op,
-    so that torch.compile's CSE merges the calls of every site on the same mask, and the backward's, into one."""
+    traced training ops call it as one opaque op, so that torch.compile's CSE merges the calls of every site on the
+    same mask, and the backward's, into one."""
     from .kernels._common import mask_view
     from .kernels.int8_train.attention import mask_gate
 

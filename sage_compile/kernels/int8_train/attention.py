@@ -561,9 +561,15 @@ def mask_gate(mask, b, lq, lk):
     return gate
 
 
-# A gated call's mask-reading launch (want 0) is always Triton's, and asks nothing of the CUDA kernels: asking would log
+# forward / backward ask once whether the CUDA kernels take a call's launches without a mask tensor (cuda0, which also
+# decides keyrange; not asked where there is none: asking builds the extension). A gated call's mask-reading launch (want 0) is always Triton's and asks nothing: asking would log
 # "masks other than causal run on the Triton kernels" (a warning under SAGE_COMPILE_INT8_TRAIN_CORE=cuda) for a mask
 # the CUDA launches beside it compute wherever the check finds it causal and / or key padding.
+def _mask_free(variants) -> bool:
+    """Whether :func:`_mask_plan`'s launches include one without a mask tensor (MASK_KIND 0)."""
+    return any(kind == 0 for _, kind, *_ in variants)
+
+
 def _gate_word(gate, keyrange: bool):
     """The GATE argument of a call's Triton launches: ``gate`` itself (their test reads its first word), from its
     second word where the call's no-mask launches run on the CUDA kernels with key ranges (``keyrange``), so that
@@ -617,9 +623,10 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     gate, variants = _mask_plan(attn_mask, causal, b, hq, lq, lk, qs)
     # 8-bit wgmma wants both operands K-major (numerics.md §7.5): V with tokens contiguous for P·V
     v8t = tokens_last(v8) if v8t is None else v8t
-    keyrange = gate is not None and _use_cuda(q8, k8, 0, "split", out_dtype, forward=True)
+    cuda0 = _mask_free(variants) and _use_cuda(q8, k8, 0, "split", out_dtype, forward=True)
+    keyrange = gate is not None and cuda0
     for mask, kind, ms, rule, want in variants:
-        if want != 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):  # (want 0: see _gate_word)
+        if cuda0 if kind == 0 else want != 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
             from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
 
             train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want,
@@ -682,9 +689,10 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     kblock = SPLIT_BLOCK_N if split else BLOCK_KV
     common = (hq, hq // hkv, lq, lk, d, nqb, nkb)
     kmean = k_mean.reshape(b, hkv, d).contiguous()
-    keyrange = gate is not None and split and _use_cuda(q8, k8, 0, psi, dk.dtype)
+    cuda0 = split and _mask_free(variants) and _use_cuda(q8, k8, 0, psi, dk.dtype)  # (dk: the 16-bit type)
+    keyrange = gate is not None and cuda0
     for mask, kind, ms, rule, want in variants:
-        if want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):  # (dk: 16-bit; want 0: see _gate_word)
+        if cuda0 if kind == 0 else want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
