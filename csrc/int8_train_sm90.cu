@@ -131,6 +131,24 @@
 #endif
 template <int D>
 __host__ __device__ constexpr int max_chains() { return D == 64 ? SAGE_TRAIN_MAXCHAINS64 : SAGE_TRAIN_MAXCHAINS128; }
+// SAGE_TRAIN_PIN 1: the backward kernels' wait for dP (dK / dV: dP^T) comes after the work that does not need it (P's
+// exps; in dK / dV also ψ(P^T)), pinned there by a second try-wait on the step's stage (already complete: a branch,
+// which ptxas does not hoist the wait_group across, as the int8_fp8 core's SAGE_PVLAG found). Without it ptxas moves
+// the bare wait_group up to a few exps after S's (offline SASS, sm_90a: 4-8 of the 32 exps before it in every
+// backward loop), so the exps do not overlap dP. The same arithmetic: outputs identical.
+#ifndef SAGE_TRAIN_PIN
+#define SAGE_TRAIN_PIN 0
+#endif
+// SAGE_TRAIN_DVEARLY (bits: 1 hd64, 2 hd128): the dK / dV step issues its dV product (ψ(P^T)·ψ(dO), whole) as soon
+// as ψ(P^T) is packed, before it waits for dP^T, and folds it after dS^T and ψ(dS^T): the tensor cores run the dV
+// product while the warpgroup computes dS^T (in the default they idle there, each product waited for at once). The
+// same products folded in the same order: outputs identical. Costs the product's int32 accumulator (D / 2
+// registers) live through dS^T.
+#ifndef SAGE_TRAIN_DVEARLY
+#define SAGE_TRAIN_DVEARLY 0
+#endif
+template <int D>
+__host__ __device__ constexpr bool dv_early() { return (SAGE_TRAIN_DVEARLY & (D == 64 ? 1 : 2)) != 0; }
 // Dropped offline (code at 18801fe, SAGE_TRAIN_UNROLL): the steps that need no mask in groups of STAGES with constant
 // stages, so that no step computes j % STAGES. Instructions a step (sm_90a, bf16): dQ 489 -> 462 at hd128 and 391 ->
 // 375 at hd64, the forward 488 -> 478 at hd128, dK/dV 757 -> 758 at hd128 and 591 -> 575 at hd64; but dQ and dK/dV
@@ -488,6 +506,12 @@ struct Ring {
   __device__ void release(int j) const { mbar_arrive_one(&empty[j % STAGES]); }  // this consumer warp is done
 };
 
+// SAGE_TRAIN_PIN: the try-wait on step j's stage (complete) that keeps the wait_group after it in place
+template <int STAGES>
+__device__ __forceinline__ void pin_wait(const Ring<STAGES>& ring, int j) {
+  if (SAGE_TRAIN_PIN) ring.wait_full(j);
+}
+
 // The producer lane's loads of steps [0, n) (the dQ kernel and the forward): each step's stage once every consumer
 // warp released it, pre(j) (plain stores into the stage, visible to the consumers with the arrival that follows),
 // its full barrier expecting the stage's bytes; load(stage, bar, j) issues the TMA loads
@@ -815,8 +839,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[2][4], da[2][4];
       float sp[2], sds[2];
       psi_rows<false, max_chains<D>()>(pt, pa, sp);
-
-      wg_wait0();  // dP^T
+      [[maybe_unused]] uint32_t pv[dv_early<D>() ? D / 2 : 1];  // (SAGE_TRAIN_DVEARLY: the dV product, in flight)
+      if constexpr (dv_early<D>()) {
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
+        wg_fence();
+        wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kDOT));
+        wg_commit();
+        pin_wait(ring, it);
+        wg_wait1();  // dP^T (the dV product may still run)
+      } else {
+        pin_wait(ring, it);
+        wg_wait0();  // dP^T
+      }
       reg_fence(dp);
 #if SAGE_TRAIN_DFILL
 #pragma unroll
@@ -841,7 +876,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]), reg_fence(da[kk]);  // the fragments complete before the fence
       const float fv[2] = {sp[0] * sdo, sp[1] * sdo};
-      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
+      if constexpr (dv_early<D>()) {
+        pin_wait(ring, it);
+        wg_wait0();
+        reg_fence(pv);
+        fold_int8_product<D, D>(dv, 0, pv, fv);
+      } else {
+        int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
+      }
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
       ring.release(it);
@@ -1029,6 +1071,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int x = 0; x < 32; ++x) pt[x] = ex2(pt[x]);  // P = exp2(S * qsc * ksc - LSE2)
 
 #if !SAGE_TRAIN_DQPIPE
+    pin_wait(ring, i);
     wg_wait0();  // dP
     reg_fence(dp);
 #endif
