@@ -131,28 +131,23 @@
 #endif
 template <int D>
 __host__ __device__ constexpr int max_chains() { return D == 64 ? SAGE_TRAIN_MAXCHAINS64 : SAGE_TRAIN_MAXCHAINS128; }
-// SAGE_TRAIN_PIN 1: the backward kernels' wait for dP (dK / dV: dP^T) comes after the work that does not need it (P's
-// exps; in dK / dV also ψ(P^T)), pinned there by a second try-wait on the step's stage (already complete: a branch,
-// which ptxas does not hoist the wait_group across, as the int8_fp8 core's SAGE_PVLAG found). Without it ptxas moves
-// the bare wait_group up to a few exps after S's (offline SASS, sm_90a: 4-8 of the 32 exps before it in every
-// backward loop), so the exps do not overlap dP. The same arithmetic: outputs identical.
-#ifndef SAGE_TRAIN_PIN
-#define SAGE_TRAIN_PIN 0
-#endif
-// SAGE_TRAIN_DVEARLY (bits: 1 hd64, 2 hd128): the dK / dV step issues its dV product (ψ(P^T)·ψ(dO), whole) as soon
-// as ψ(P^T) is packed, before it waits for dP^T, and folds it after dS^T and ψ(dS^T): the tensor cores run the dV
-// product while the warpgroup computes dS^T (in the default they idle there, each product waited for at once). The
-// same products folded in the same order: outputs identical. Costs the product's int32 accumulator (D / 2
-// registers) live through dS^T.
-#ifndef SAGE_TRAIN_DVEARLY
-#define SAGE_TRAIN_DVEARLY 0
-#endif
-template <int D>
-__host__ __device__ constexpr bool dv_early() { return (SAGE_TRAIN_DVEARLY & (D == 64 ? 1 : 2)) != 0; }
 // Dropped offline (code at 18801fe, SAGE_TRAIN_UNROLL): the steps that need no mask in groups of STAGES with constant
 // stages, so that no step computes j % STAGES. Instructions a step (sm_90a, bf16): dQ 489 -> 462 at hd128 and 391 ->
 // 375 at hd64, the forward 488 -> 478 at hd128, dK/dV 757 -> 758 at hd128 and 591 -> 575 at hd64; but dQ and dK/dV
 // spill at hd128 (12-76 bytes) and the code grows 2.2x, for at most 3-5 % fewer instructions.
+// SAGE_TRAIN_DQ_WG: consumer warpgroups of the dQ kernel (2: 128 queries a CTA, 240 registers a consumer thread; 3:
+// 192 queries, 160 registers: offline no spills at either head dim, and a third warp per scheduler to hide the step's
+// latencies; the stage's k̂, V̂ and k̂^T serve 1.5x the queries)
+#ifndef SAGE_TRAIN_DQ_WG
+#define SAGE_TRAIN_DQ_WG 2
+#endif
+// SAGE_TRAIN_FWD_WG64: consumer warpgroups of the hd64 forward (2 or 3, as SAGE_TRAIN_DQ_WG; at hd128 the forward
+// spills at 160 registers, so it keeps two)
+#ifndef SAGE_TRAIN_FWD_WG64
+#define SAGE_TRAIN_FWD_WG64 2
+#endif
+template <int D>
+__host__ __device__ constexpr int fwd_wg() { return D == 64 ? SAGE_TRAIN_FWD_WG64 : 2; }
 // SAGE_TRAIN_FWD_STAGES: depth of the forward's ring (k̂ and V̂^T of a 64-key step: 16 KB at hd128)
 #ifndef SAGE_TRAIN_FWD_STAGES
 #define SAGE_TRAIN_FWD_STAGES 4
@@ -476,7 +471,7 @@ __device__ __forceinline__ uint8_t* smem_base() {
 // The barriers at `mem`: `first` (the CTA's fixed tiles: the producer's arrival + their bytes), then the STAGES-deep
 // ring of steps: full[s] (the producer's arrival + the stage's bytes), empty[s] (one arrival per consumer warp).
 // Step j uses stage j % STAGES in phase (j / STAGES) & 1.
-template <int STAGES>
+template <int STAGES, int CW = kCW>
 struct Ring {
   uint64_t* first;
   uint64_t* full;
@@ -488,7 +483,7 @@ struct Ring {
       mbar_init(first, 1);
       for (int s = 0; s < STAGES; ++s) {
         mbar_init(&full[s], 1);
-        mbar_init(&empty[s], kCW);
+        mbar_init(&empty[s], CW);
       }
       if (SAGE_TRAIN_SMAGIC)
         for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
@@ -506,17 +501,11 @@ struct Ring {
   __device__ void release(int j) const { mbar_arrive_one(&empty[j % STAGES]); }  // this consumer warp is done
 };
 
-// SAGE_TRAIN_PIN: the try-wait on step j's stage (complete) that keeps the wait_group after it in place
-template <int STAGES>
-__device__ __forceinline__ void pin_wait(const Ring<STAGES>& ring, int j) {
-  if (SAGE_TRAIN_PIN) ring.wait_full(j);
-}
-
 // The producer lane's loads of steps [0, n) (the dQ kernel and the forward): each step's stage once every consumer
 // warp released it, pre(j) (plain stores into the stage, visible to the consumers with the arrival that follows),
 // its full barrier expecting the stage's bytes; load(stage, bar, j) issues the TMA loads
-template <int STAGES, typename Load, typename Pre>
-__device__ __forceinline__ void produce_steps(const Ring<STAGES>& ring, uint8_t* stage0, int stage_bytes, int n,
+template <int STAGES, int CW, typename Load, typename Pre>
+__device__ __forceinline__ void produce_steps(const Ring<STAGES, CW>& ring, uint8_t* stage0, int stage_bytes, int n,
                                               Load&& load, Pre&& pre) {
   for (int j = 0; j < n; ++j) {
     uint64_t* bar = ring.acquire(j);
@@ -541,9 +530,11 @@ __device__ __forceinline__ void put_k_scale(uint8_t* x, const P& p, int bhk, int
 }
 
 // The producer warpgroup gives its registers to the consumers; true in the one lane that issues the TMA loads.
+// (NWG consumer warpgroups before it)
+template <int NWG = 2>
 __device__ __forceinline__ bool producer_lane() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-  return threadIdx.x == kCW * 32;
+  return threadIdx.x == NWG * 128;
 }
 
 // A consumer thread (after taking the producer's registers): its warpgroup (through a shuffle: warp-uniform, so
@@ -551,8 +542,10 @@ __device__ __forceinline__ bool producer_lane() {
 struct Lane {
   int wg, w, g8, t;
 };
+// (REGS: 240 with two consumer warpgroups, 160 with three; 24 for the producer's)
+template <int REGS = 240>
 __device__ __forceinline__ Lane consumer_lane() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   return Lane{__shfl_sync(0xffffffffu, warp / 4, 0), warp % 4, lane / 4, lane % 4};
 }
@@ -614,10 +607,10 @@ __device__ __forceinline__ void run_steps(int j0, int j1, int f0, int f1, Step&&
 struct QueryBlock {
   int m0, bh, b, h, bhk, j0, n_tiles, klo, khi;  // first row, (batch, head), its kv head, its key steps, key range
 };
-template <bool CAUSAL, typename P>
+template <bool CAUSAL, int ROWS = 2 * kBM, typename P>
 __device__ __forceinline__ QueryBlock query_block(const P& p) {
   QueryBlock q;
-  q.m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * 2 * kBM;  // causal: the longest rows first
+  q.m0 = (CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;  // causal: the longest rows first
   q.bh = blockIdx.y;
   q.b = q.bh / p.hq;
   q.h = q.bh % p.hq;
@@ -625,7 +618,7 @@ __device__ __forceinline__ QueryBlock query_block(const P& p) {
   const KeyRange kr = key_range(p, q.b);
   q.klo = kr.lo;
   q.khi = kr.hi;
-  const int hi = CAUSAL ? min(kr.hi, q.m0 + 2 * kBM + p.coff) : kr.hi;  // keys the CTA's last row sees
+  const int hi = CAUSAL ? min(kr.hi, q.m0 + ROWS + p.coff) : kr.hi;  // keys the CTA's last row sees
   q.j0 = kr.lo / kBM;
   q.n_tiles = hi > kr.lo ? (hi + kBM - 1) / kBM - q.j0 : 0;
   return q;
@@ -839,19 +832,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pa[2][4], da[2][4];
       float sp[2], sds[2];
       psi_rows<false, max_chains<D>()>(pt, pa, sp);
-      [[maybe_unused]] uint32_t pv[dv_early<D>() ? D / 2 : 1];  // (SAGE_TRAIN_DVEARLY: the dV product, in flight)
-      if constexpr (dv_early<D>()) {
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]);
-        wg_fence();
-        wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kDOT));
-        wg_commit();
-        pin_wait(ring, it);
-        wg_wait1();  // dP^T (the dV product may still run)
-      } else {
-        pin_wait(ring, it);
-        wg_wait0();  // dP^T
-      }
+
+      wg_wait0();  // dP^T
       reg_fence(dp);
 #if SAGE_TRAIN_DFILL
 #pragma unroll
@@ -876,14 +858,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]), reg_fence(da[kk]);  // the fragments complete before the fence
       const float fv[2] = {sp[0] * sdo, sp[1] * sdo};
-      if constexpr (dv_early<D>()) {
-        pin_wait(ring, it);
-        wg_wait0();
-        reg_fence(pv);
-        fold_int8_product<D, D>(dv, 0, pv, fv);
-      } else {
-        int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
-      }
+      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
       int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
       ring.release(it);
@@ -918,15 +893,15 @@ struct DqParams {
 };
 
 constexpr int kDqScaleBytes(int stages) { return (stages * 4 + 15) / 16 * 16; }
-template <int D, int STAGES>
-struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + 64 * 16> {  // (barriers 8-aligned)
-  static constexpr int kQBytes = 2 * kBM * D;       // q̂ of the CTA's 128 queries (int8), one box
-  static constexpr int kDOBytes = 2 * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (128 queries x 64 channels)
+template <int D, int STAGES, int NWG = 2>
+struct DqLayout : Frame<3 * NWG * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + NWG * 32 * 16> {  // (8-aligned)
+  static constexpr int kQBytes = NWG * kBM * D;       // q̂ of the CTA's 64 * NWG queries (int8), one box
+  static constexpr int kDOBytes = NWG * kBM * D * 2;  // dO 16-bit, D / 64 chunks of (64 * NWG queries x 64 channels)
   static constexpr int kQ = 0, kDO = kQBytes;
   static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
   // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX; (SAGE_TRAIN_DFILL) from kD a 16-byte slot per quad
   // of consumer lanes: {delta, delta} of its row g, then of its row g + 8
-  static constexpr int kX = Frame<6 * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + 64 * 16>::kExtra;
+  static constexpr int kX = Frame<3 * NWG * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + NWG * 32 * 16>::kExtra;
   static constexpr int kD = kX + kDqScaleBytes(STAGES);
 };
 
@@ -936,23 +911,24 @@ struct DqLayout : Frame<6 * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) 
 // operand) times the row scale and the K scale; the row sums of ψ(dS) (times the row scale) give the smoothing
 // correction rowsum·μ_K at the end, and dQ is multiplied by the softmax scale. k̂ and V̂ come in perm_base's row
 // order, so that S's and dP's columns are the keys of the INT8 A fragments.
-template <int D, int STAGES, bool CAUSAL, typename T>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, int STAGES, bool CAUSAL, typename T, int NWG = SAGE_TRAIN_DQ_WG>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
               const __grid_constant__ CUtensorMap tm_kt, const DqParams p) {
 #if SAGE_SM90A
   if (gated_off(p.gate, p.want)) return;
-  using L = DqLayout<D, STAGES>;
+  using L = DqLayout<D, STAGES, NWG>;
+  constexpr int kRows = NWG * kBM;  // the CTA's queries
   uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
   uint8_t* sdo = smem + L::kDO;
-  const Ring<STAGES> ring(smem + L::kBar);
-  const QueryBlock qb = query_block<CAUSAL>(p);
+  const Ring<STAGES, 4 * NWG> ring(smem + L::kBar);
+  const QueryBlock qb = query_block<CAUSAL, kRows>(p);
   ring.init();
 
-  if (threadIdx.x >= kCW * 32) {  // producer warpgroup
-    if (producer_lane()) {
+  if (threadIdx.x >= NWG * 128) {  // producer warpgroup
+    if (producer_lane<NWG>()) {
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_do);
       tma_prefetch(&tm_k);
@@ -961,7 +937,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_expect_tx(ring.first, L::kQBytes + L::kDOBytes);
       tma_load_3d(sq, &tm_q, ring.first, 0, qb.m0, qb.bh);
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * 2 * kBM * 128, &tm_do, ring.first, 64 * c, qb.m0, qb.bh);
+      for (int c = 0; c < D / 64; ++c) tma_load_3d(sdo + c * kRows * 128, &tm_do, ring.first, 64 * c, qb.m0, qb.bh);
       produce_steps(ring, smem + L::kStage0, L::kStageBytes, qb.n_tiles, [&](uint8_t* st, uint64_t* bar, int i) {
         const int n0 = (qb.j0 + i) * kBM;
         tma_perm_rows(st + L::kK, &tm_k, bar, 0, n0, qb.bhk, D);  // keys in perm_base's order
@@ -974,10 +950,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // consumers
-  const Lane ln = consumer_lane();
+  const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qb.m0 / 128) * p.c;
+  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales)
+  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + (qb.m0 + ln.wg * 64) / 128) * p.c;
   float l2[2], dl[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
@@ -1011,7 +988,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue_s_dp = [&](uint32_t(&sacc)[32], float(&dp)[32], const uint8_t* st) {
     issue_s<D>(sacc, da_q, smem_desc<D>(st + L::kK));
     wg_commit();
-    issue_dp<D, T>(dp, sdo + ln.wg * 64 * 128, 2 * kBM * 128, st + L::kV, kBM * 128);
+    issue_dp<D, T>(dp, sdo + ln.wg * 64 * 128, kRows * 128, st + L::kV, kBM * 128);
     wg_commit();
   };
 #if SAGE_TRAIN_DQPIPE
@@ -1071,7 +1048,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int x = 0; x < 32; ++x) pt[x] = ex2(pt[x]);  // P = exp2(S * qsc * ksc - LSE2)
 
 #if !SAGE_TRAIN_DQPIPE
-    pin_wait(ring, i);
     wg_wait0();  // dP
     reg_fence(dp);
 #endif
@@ -1201,13 +1177,13 @@ struct FwdParams {
   const int* krange;  // as Params'
 };
 
-template <int D, int STAGES>
-struct FwdLayout : Frame<2 * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16> {
-  static constexpr int kQBytes = 2 * kBM * D;  // q̂ of the CTA's 128 queries, one box
+template <int D, int STAGES, int NWG = 2>
+struct FwdLayout : Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16> {
+  static constexpr int kQBytes = NWG * kBM * D;  // q̂ of the CTA's 64 * NWG queries, one box
   static constexpr int kQ = 0;
   static constexpr int kK = 0, kVT = kBM * D;  // a stage: k̂ (perm_base's row order) + V̂^T (channels x 64 keys)
   // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX (the barriers stay 8-aligned)
-  static constexpr int kX = Frame<2 * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
+  static constexpr int kX = Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
 };
 
 // Forward of 128 queries (two consumer warpgroups of 64) of one (batch, query head), SageBwd's numerics as the
@@ -1217,21 +1193,21 @@ struct FwdLayout : Frame<2 * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 1
 // operand), folded as O = alpha * O + O_step * (pmax / 127 * V scale); row sums of the unrounded P~; O / l and
 // the LSE at the end. The turn at the tensor cores issues PV of this step and S of the next one together (on the
 // last step S is recomputed on this step's k̂ and dropped: no wgmma sits in a conditional).
-template <int D, int STAGES, bool CAUSAL, typename T>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, int STAGES, bool CAUSAL, typename T, int NWG = fwd_wg<D>()>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                const __grid_constant__ CUtensorMap tm_vt, const FwdParams p) {
 #if SAGE_SM90A
   if (gated_off(p.gate, p.want)) return;
-  using L = FwdLayout<D, STAGES>;
+  using L = FwdLayout<D, STAGES, NWG>;
   uint8_t* smem = smem_base();
   uint8_t* sq = smem + L::kQ;
-  const Ring<STAGES> ring(smem + L::kBar);
-  const QueryBlock qb = query_block<CAUSAL>(p);
+  const Ring<STAGES, 4 * NWG> ring(smem + L::kBar);
+  const QueryBlock qb = query_block<CAUSAL, NWG * kBM>(p);
   ring.init();
 
-  if (threadIdx.x >= kCW * 32) {  // producer warpgroup
-    if (producer_lane()) {
+  if (threadIdx.x >= NWG * 128) {  // producer warpgroup
+    if (producer_lane<NWG>()) {
       tma_prefetch(&tm_q);
       tma_prefetch(&tm_k);
       tma_prefetch(&tm_vt);
@@ -1246,10 +1222,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // consumers
-  const Lane ln = consumer_lane();
+  const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qb.m0 / 128) * p.c;
+  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales)
+  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + (qb.m0 + ln.wg * 64) / 128) * p.c;
   const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
 
   float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
@@ -1365,11 +1342,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Launch `kernel` on a (gx, gy) grid of kThreads-thread CTAs with `bytes` of dynamic shared memory
+// Launch `kernel` on a (gx, gy) grid of `threads`-thread CTAs with `bytes` of dynamic shared memory
 template <typename K, typename... A>
-int launch_kernel(K kernel, int bytes, int gx, int gy, cudaStream_t stream, const A&... args) {
+int launch_kernel(K kernel, int bytes, int gx, int gy, int threads, cudaStream_t stream, const A&... args) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return 12;
-  kernel<<<dim3(gx, gy), kThreads, bytes, stream>>>(args...);
+  kernel<<<dim3(gx, gy), threads, bytes, stream>>>(args...);
   return cudaGetLastError() == cudaSuccess ? 0 : 13;
 }
 
@@ -1446,8 +1423,8 @@ extern "C" int sage_int8_train_sm90_dkdv(const void* q8, const void* q8t, const 
     constexpr int kD = decltype(dc)::value;
     using L = Layout<kD, SAGE_TRAIN_STAGES>;
     return launch_kernel(dkdv_kernel<kD, SAGE_TRAIN_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
-                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], maps[3],
-                         maps[4], maps[5], maps[6], maps[7], p);
+                         L::kBytes, gx, gy, kThreads, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2],
+                         maps[3], maps[4], maps[5], maps[6], maps[7], p);
   });
 }
 
@@ -1468,11 +1445,12 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
   const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   CUtensorMap maps[5];
-  // q̂ (d, lq, b*hq), (d, 128) boxes; dO 16-bit the same, (64 channels, 128 queries) boxes
+  // q̂ (d, lq, b*hq), (d, rows) boxes; dO 16-bit the same, (64 channels, rows) boxes: the CTA's queries
+  constexpr uint32_t rows = SAGE_TRAIN_DQ_WG * kBM;
   const uint64_t q_dims[3] = {ud, ulq, bhq}, q_str[2] = {ud, ulq * ud};
-  const uint32_t q_box[3] = {static_cast<uint32_t>(d), 2 * kBM, 1};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), rows, 1};
   const uint64_t o_str[2] = {2 * ud, 2 * ulq * ud};
-  const uint32_t o_box[3] = {64, 2 * kBM, 1};
+  const uint32_t o_box[3] = {64, rows, 1};
   // k̂ as (d, key % 4, key / 4, b*hkv) and V̂ 16-bit the same: (d | 64, 2, 4, 1) boxes, 8 rows of perm_base's order
   const uint64_t k_dims[4] = {ud, 4, ulk / 4, bhk}, k_str[3] = {ud, 4 * ud, ulk * ud};
   const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
@@ -1490,13 +1468,13 @@ extern "C" int sage_int8_train_sm90_dq(const void* q8, const float* qs, const vo
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
   DqParams p{qs, ks, lse2, delta, kmean, dq, hq, hq / hkv, lq, lk, nqb, nkb, c, sm, coff, sob, soh, son, gate, want,
              krange};
-  const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
+  const int gx = (lq + static_cast<int>(rows) - 1) / static_cast<int>(rows), gy = b * hq;
   return dispatch(d, causal, fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
-    using L = DqLayout<kD, SAGE_TRAIN_DQ_STAGES>;
+    using L = DqLayout<kD, SAGE_TRAIN_DQ_STAGES, SAGE_TRAIN_DQ_WG>;
     return launch_kernel(dq_kernel<kD, SAGE_TRAIN_DQ_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
-                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], maps[3],
-                         maps[4], p);
+                         L::kBytes, gx, gy, 128 * (SAGE_TRAIN_DQ_WG + 1), static_cast<cudaStream_t>(stream), maps[0],
+                         maps[1], maps[2], maps[3], maps[4], p);
   });
 }
 
@@ -1517,8 +1495,10 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
   const uint64_t ud = d, ulq = lq, ulk = lk, bhq = static_cast<uint64_t>(b) * hq, bhk = static_cast<uint64_t>(b) * hkv;
   const CUtensorMapSwizzle swz8 = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   CUtensorMap maps[3];
+  // q̂ (d, lq, b*hq), (d, rows) boxes: the CTA's queries
+  const int rows = (d == 64 ? fwd_wg<64>() : fwd_wg<128>()) * kBM;
   const uint64_t q_dims[3] = {ud, ulq, bhq}, q_str[2] = {ud, ulq * ud};
-  const uint32_t q_box[3] = {static_cast<uint32_t>(d), 2 * kBM, 1};
+  const uint32_t q_box[3] = {static_cast<uint32_t>(d), static_cast<uint32_t>(rows), 1};
   const uint64_t k_dims[4] = {ud, 4, ulk / 4, bhk}, k_str[3] = {ud, 4 * ud, ulk * ud};
   const uint32_t k_box[4] = {static_cast<uint32_t>(d), 2, 4, 1};
   const uint64_t t_dims[3] = {ulk, ud, bhk}, t_str[2] = {ulk, ulk * ud};
@@ -1529,11 +1509,12 @@ extern "C" int sage_int8_train_sm90_fwd(const void* q8, const float* qs, const v
   if (rc) return rc;
   const int nqb = (lq + 127) / 128, nkb = (lk + 63) / 64;
   FwdParams p{qs, ks, vs, out, lse, hq, hq / hkv, lq, lk, nqb, nkb, c, coff, sob, soh, son, gate, want, krange};
-  const int gx = (lq + 2 * kBM - 1) / (2 * kBM), gy = b * hq;
+  const int gx = (lq + rows - 1) / rows, gy = b * hq;
   return dispatch(d, causal, out_fp16, [&](auto dc, auto cc, auto tc) {
     constexpr int kD = decltype(dc)::value;
-    using L = FwdLayout<kD, SAGE_TRAIN_FWD_STAGES>;
+    using L = FwdLayout<kD, SAGE_TRAIN_FWD_STAGES, fwd_wg<kD>()>;
     return launch_kernel(fwd_kernel<kD, SAGE_TRAIN_FWD_STAGES, decltype(cc)::value, typename decltype(tc)::type>,
-                         L::kBytes, gx, gy, static_cast<cudaStream_t>(stream), maps[0], maps[1], maps[2], p);
+                         L::kBytes, gx, gy, 128 * (fwd_wg<kD>() + 1), static_cast<cudaStream_t>(stream), maps[0],
+                         maps[1], maps[2], p);
   });
 }
