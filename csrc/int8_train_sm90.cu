@@ -953,8 +953,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales)
-  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + (qb.m0 + ln.wg * 64) / 128) * p.c;
+  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales; with three warpgroups the last CTA's may lie
+  // wholly past Lq, and past the scales: those rows compute nothing)
+  const int qblk = (qb.m0 + ln.wg * 64) / 128;
+  const float qsc = (NWG == 2 || qblk < p.nqb ? __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qblk) : 0.f) * p.c;
   float l2[2], dl[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
@@ -1225,8 +1227,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales)
-  const float qsc = __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + (qb.m0 + ln.wg * 64) / 128) * p.c;
+  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales; with three warpgroups the last CTA's may lie
+  // wholly past Lq, and past the scales: those rows compute nothing)
+  const int qblk = (qb.m0 + ln.wg * 64) / 128;
+  const float qsc = (NWG == 2 || qblk < p.nqb ? __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qblk) : 0.f) * p.c;
   const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
 
   float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};

@@ -18,7 +18,7 @@ from test_csrc import NVCC, sass_functions
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
                                         "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
-                                        "-DSAGE_TRAIN_DQPIPE=1"])
+                                        "-DSAGE_TRAIN_DQPIPE=1", "-DSAGE_TRAIN_DQ_WG=3 -DSAGE_TRAIN_FWD_WG64=3"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
