@@ -25,7 +25,8 @@
 // ceil(Lq/128)) fp32. Lq a multiple of 16 (the transposed tiles' row stride for TMA). Outputs dK, dV (B, Hkv, Lk,
 // D) at any (b, h, token) strides with channel stride 1, bf16 or fp16 (the 16-bit type of v16 / do16).
 //
-// dQ (dq_kernel, below): the mirror, 128 queries a CTA in 64-key steps; the forward (fwd_kernel) has the same
+// dQ (dq_kernel, below): the mirror, 192 queries a CTA (three consumer warpgroups) in 64-key steps; the forward
+// (fwd_kernel; 192 queries at hd64, 128 at hd128) has the same
 // shape; see their comments.
 // dQ fused into this kernel instead (FA2/FA3's way; built and dropped, code at 8ce5b48): per step each warpgroup
 // quantized dS per query over its 64 keys (a reduce-scatter over the quad rows, an amax exchange and two barriers
@@ -73,7 +74,8 @@
 // starts by waiting for both. The exps then no longer overlap dP, the fold overlaps S and dP, and the tensor cores get
 // the three back to back. The same products folded in the same order: outputs identical to 0's. (Leaving the product in
 // flight into the next step instead, read after wait_group 2 there, makes ptxas 13.0 serialize every wgmma: C7514, it
-// does not count commit groups across the loop's back edge.) Not with SAGE_TRAIN_DQ_PARTS.
+// does not count commit groups across the loop's back edge.) Not with SAGE_TRAIN_DQ_PARTS; timed with two consumer
+// warpgroups (SAGE_TRAIN_DQ_WG=2: with three it spills 1152 bytes at hd128).
 #ifndef SAGE_TRAIN_DQPIPE
 #define SAGE_TRAIN_DQPIPE 0
 #endif
@@ -135,16 +137,19 @@ __host__ __device__ constexpr int max_chains() { return D == 64 ? SAGE_TRAIN_MAX
 // stages, so that no step computes j % STAGES. Instructions a step (sm_90a, bf16): dQ 489 -> 462 at hd128 and 391 ->
 // 375 at hd64, the forward 488 -> 478 at hd128, dK/dV 757 -> 758 at hd128 and 591 -> 575 at hd64; but dQ and dK/dV
 // spill at hd128 (12-76 bytes) and the code grows 2.2x, for at most 3-5 % fewer instructions.
-// SAGE_TRAIN_DQ_WG: consumer warpgroups of the dQ kernel (2: 128 queries a CTA, 240 registers a consumer thread; 3:
-// 192 queries, 160 registers: offline no spills at either head dim, and a third warp per scheduler to hide the step's
-// latencies; the stage's k̂, V̂ and k̂^T serve 1.5x the queries)
+// SAGE_TRAIN_DQ_WG: consumer warpgroups of the dQ kernel (3, the default since run 145: 192 queries a CTA, 160
+// registers a consumer thread, offline no spills at either head dim; a third warp per scheduler hides more of the
+// step's latencies, and each stage's k̂, V̂ and k̂^T serve 1.5x the queries; 2: 128 queries, 240 registers).
+// SAGE_TRAIN_FWD_WG64: the same for the hd64 forward (3 by default; at hd128 the forward spills 952 bytes at 160
+// registers, and dK / dV spills 124-176 bytes at hd64, so they keep two). H100 run 145 (train_variants_run145_*, 3
+// rounds, the old default built twice, outputs identical): backward hd64 16K 15.83 vs 17.00 ms, causal 8.22 vs 8.77,
+// 4K 1.133 vs 1.168; hd128 16K 23.82 vs 25.07 / 25.10 (within the builds' spread there), causal 12.44 vs 12.67 /
+// 12.73, 4K 1.623 vs 1.667 / 1.671; forward hd64 16K 5.41 vs 5.82 ms, causal 2.81 vs 2.89, 4K 0.402 vs 0.408
 #ifndef SAGE_TRAIN_DQ_WG
-#define SAGE_TRAIN_DQ_WG 2
+#define SAGE_TRAIN_DQ_WG 3
 #endif
-// SAGE_TRAIN_FWD_WG64: consumer warpgroups of the hd64 forward (2 or 3, as SAGE_TRAIN_DQ_WG; at hd128 the forward
-// spills at 160 registers, so it keeps two)
 #ifndef SAGE_TRAIN_FWD_WG64
-#define SAGE_TRAIN_FWD_WG64 2
+#define SAGE_TRAIN_FWD_WG64 3
 #endif
 template <int D>
 __host__ __device__ constexpr int fwd_wg() { return D == 64 ? SAGE_TRAIN_FWD_WG64 : 2; }
@@ -901,16 +906,17 @@ struct DqLayout : Frame<3 * NWG * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(ST
   static constexpr int kK = 0, kV = kBM * D, kKT = 3 * kBM * D;  // a stage: k̂ + V̂ (16-bit) in perm_base's order, k̂^T
   // (SAGE_TRAIN_EARLY) each stage's K scale, one fp32, from kX; (SAGE_TRAIN_DFILL) from kD a 16-byte slot per quad
   // of consumer lanes: {delta, delta} of its row g, then of its row g + 8
-  static constexpr int kX = Frame<3 * NWG * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + NWG * 32 * 16>::kExtra;
+  static constexpr int kX =
+      Frame<3 * NWG * kBM * D, 4 * kBM * D, STAGES, kDqScaleBytes(STAGES) + NWG * 32 * 16>::kExtra;
   static constexpr int kD = kX + kDqScaleBytes(STAGES);
 };
 
-// dQ of 128 queries (two consumer warpgroups of 64) of one (batch, query head): per 64-key step S = q̂·k̂^T (s8) and
-// dP = dO·V̂^T (16-bit) as two wgmma groups, P = exp2(S * qs * ks * c - LSE2) while dP runs, dS = P ∘ (dP -
-// delta), ψ(dS) per query row over the 64 keys (psi="split"), dQ += ψ(dS)·k̂ (INT8, k̂^T as the K-major B
-// operand) times the row scale and the K scale; the row sums of ψ(dS) (times the row scale) give the smoothing
-// correction rowsum·μ_K at the end, and dQ is multiplied by the softmax scale. k̂ and V̂ come in perm_base's row
-// order, so that S's and dP's columns are the keys of the INT8 A fragments.
+// dQ of 64 * NWG queries (NWG consumer warpgroups of 64: SAGE_TRAIN_DQ_WG) of one (batch, query head): per 64-key
+// step S = q̂·k̂^T (s8) and dP = dO·V̂^T (16-bit) as two wgmma groups, P = exp2(S * qs * ks * c - LSE2) while dP
+// runs, dS = P ∘ (dP - delta), ψ(dS) per query row over the 64 keys (psi="split"), dQ += ψ(dS)·k̂ (INT8, k̂^T as the
+// K-major B operand) times the row scale and the K scale; the row sums of ψ(dS) (times the row scale) give the
+// smoothing correction rowsum·μ_K at the end, and dQ is multiplied by the softmax scale. k̂ and V̂ come in
+// perm_base's row order, so that S's and dP's columns are the keys of the INT8 A fragments.
 template <int D, int STAGES, bool CAUSAL, typename T, int NWG = SAGE_TRAIN_DQ_WG>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     dq_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -1188,13 +1194,13 @@ struct FwdLayout : Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) /
   static constexpr int kX = Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
 };
 
-// Forward of 128 queries (two consumer warpgroups of 64) of one (batch, query head), SageBwd's numerics as the
-// Triton `_fwd_kernel`: per 64-key step S = q̂·k̂^T (s8) times the Q scale (with the softmax scale and log2 e) and
-// the K scale; online softmax in the exp2 domain; P~ = exp2(z - m) quantized per row with the row's max in the
-// step (ψ per token: pmax / 127) straight into the INT8 A fragments of O_step = P̂·V̂ (s8, V̂^T as the K-major B
-// operand), folded as O = alpha * O + O_step * (pmax / 127 * V scale); row sums of the unrounded P~; O / l and
-// the LSE at the end. The turn at the tensor cores issues PV of this step and S of the next one together (on the
-// last step S is recomputed on this step's k̂ and dropped: no wgmma sits in a conditional).
+// Forward of 64 * NWG queries (NWG consumer warpgroups of 64: 3 at hd64, SAGE_TRAIN_FWD_WG64, else 2) of one (batch,
+// query head), SageBwd's numerics as the Triton `_fwd_kernel`: per 64-key step S = q̂·k̂^T (s8) times the Q scale
+// (with the softmax scale and log2 e) and the K scale; online softmax in the exp2 domain; P~ = exp2(z - m) quantized
+// per row with the row's max in the step (ψ per token: pmax / 127) straight into the INT8 A fragments of O_step =
+// P̂·V̂ (s8, V̂^T as the K-major B operand), folded as O = alpha * O + O_step * (pmax / 127 * V scale); row sums of
+// the unrounded P~; O / l and the LSE at the end. The turn at the tensor cores issues PV of this step and S of the
+// next one together (on the last step S is recomputed on this step's k̂ and dropped: no wgmma sits in a conditional).
 template <int D, int STAGES, bool CAUSAL, typename T, int NWG = fwd_wg<D>()>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     fwd_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,

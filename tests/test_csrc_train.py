@@ -18,7 +18,8 @@ from test_csrc import NVCC, sass_functions
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
                                         "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
-                                        "-DSAGE_TRAIN_DQPIPE=1", "-DSAGE_TRAIN_DQ_WG=3 -DSAGE_TRAIN_FWD_WG64=3"])
+                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2",  # (with three: 1152 bytes of spills at hd128)
+                                        "-DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -86,6 +87,12 @@ def test_sass_has_the_steps_wgmmas(compiled):
         dfill = "SAGE_TRAIN_DFILL=0" not in knobs
         assert len(re.findall(hgmma + r"R\d+, gdesc\[UR\d+\]\.negA", f)) == n_dp * dfill, name
         assert "UTMALDG" in f and "USETMAXREG" in f, name
+        # the consumers' registers: 160 with three consumer warpgroups (dQ, and the hd64 forward: SAGE_TRAIN_DQ_WG,
+        # SAGE_TRAIN_FWD_WG64, 3 by default), else 240; the producer's 24
+        three = {"dq": "SAGE_TRAIN_DQ_WG=2" not in knobs,
+                 "fwd": d == 64 and "SAGE_TRAIN_FWD_WG64=2" not in knobs, "dkdv": False}[kind]
+        assert set(re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", f)) == \
+            {"0xa0" if three else "0xf0", "0x18"}, name
         spills_ok = kind == "dkdv" and d == 128 and ("SAGE_TRAIN_PARTS=0" in knobs or "SAGE_TRAIN_EDGELOOP=0" in knobs)
         assert not re.search(r"\b(LDL|STL)\b", f) or spills_ok, name
         # the exps of P (32 a step; the forward's two rescale factors, and with SAGE_TRAIN_FWDMAX (default with S's
