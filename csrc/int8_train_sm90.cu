@@ -547,10 +547,11 @@ __device__ __forceinline__ bool producer_lane() {
 struct Lane {
   int wg, w, g8, t;
 };
-// (REGS: 240 with two consumer warpgroups, 160 with three; 24 for the producer's)
-template <int REGS = 240>
+// (NWG consumer warpgroups: 240 registers a thread with two, 160 with three; the producer keeps 24)
+template <int NWG = 2>
 __device__ __forceinline__ Lane consumer_lane() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+  static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NWG == 2 ? 240 : 160));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   return Lane{__shfl_sync(0xffffffffu, warp / 4, 0), warp % 4, lane / 4, lane % 4};
 }
@@ -627,6 +628,13 @@ __device__ __forceinline__ QueryBlock query_block(const P& p) {
   q.j0 = kr.lo / kBM;
   q.n_tiles = hi > kr.lo ? (hi + kBM - 1) / kBM - q.j0 : 0;
   return q;
+}
+// The Q scale (times c) of warpgroup wg's 64 rows, which lie in one 128-query block of Q's scales; with three
+// warpgroups the last CTA's third may lie wholly past Lq and past the scales (its rows compute nothing: 0)
+template <int NWG, typename P>
+__device__ __forceinline__ float wg_q_scale(const P& p, const QueryBlock& q, int wg) {
+  const int blk = (q.m0 + wg * 64) / 128;
+  return (NWG == 2 || blk < p.nqb ? __ldg(p.qs + static_cast<size_t>(q.bh) * p.nqb + blk) : 0.f) * p.c;
 }
 // The CTA's steps [f0, f1) that need no mask for warpgroup wg's rows: whole steps inside the key range that every
 // row of the warpgroup sees (causal: its first row's reach); run_steps clamps them to the CTA's steps
@@ -956,13 +964,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   }
 
   // consumers
-  const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
+  const Lane ln = consumer_lane<NWG>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales; with three warpgroups the last CTA's may lie
-  // wholly past Lq, and past the scales: those rows compute nothing)
-  const int qblk = (qb.m0 + ln.wg * 64) / 128;
-  const float qsc = (NWG == 2 || qblk < p.nqb ? __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qblk) : 0.f) * p.c;
+  const float qsc = wg_q_scale<NWG>(p, qb, ln.wg);
   float l2[2], dl[2];
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
@@ -1230,13 +1235,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   }
 
   // consumers
-  const Lane ln = consumer_lane<NWG == 2 ? 240 : 160>();
+  const Lane ln = consumer_lane<NWG>();
   const int t = ln.t;
   const int row0 = qb.m0 + ln.wg * 64 + ln.w * 16 + ln.g8;  // this thread's queries: row0, row0 + 8
-  // (the warpgroup's 64 queries lie in one 128-query block of Q's scales; with three warpgroups the last CTA's may lie
-  // wholly past Lq, and past the scales: those rows compute nothing)
-  const int qblk = (qb.m0 + ln.wg * 64) / 128;
-  const float qsc = (NWG == 2 || qblk < p.nqb ? __ldg(p.qs + static_cast<size_t>(qb.bh) * p.nqb + qblk) : 0.f) * p.c;
+  const float qsc = wg_q_scale<NWG>(p, qb, ln.wg);
   const uint64_t da_q = smem_desc<D>(sq + ln.wg * 64 * D);
 
   float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
