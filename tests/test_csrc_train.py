@@ -18,7 +18,8 @@ from test_csrc import NVCC, sass_functions
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
                                         "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
-                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2",  # (with three: 1152 bytes of spills at hd128)
+                                        # (DQPIPE with three dQ warpgroups spills 1152 bytes at hd128)
+                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2",
                                         "-DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:

@@ -562,12 +562,21 @@ def mask_gate(mask, b, lq, lk):
 
 
 # forward / backward ask once whether the CUDA kernels take a call's launches without a mask tensor (cuda0, which also
-# decides keyrange; not asked where there is none: asking builds the extension). A gated call's mask-reading launch (want 0) is always Triton's and asks nothing: asking would log
-# "masks other than causal run on the Triton kernels" (a warning under SAGE_COMPILE_INT8_TRAIN_CORE=cuda) for a mask
-# the CUDA launches beside it compute wherever the check finds it causal and / or key padding.
+# decides keyrange; not asked where there is none: asking builds the extension).
 def _mask_free(variants) -> bool:
     """Whether :func:`_mask_plan`'s launches include one without a mask tensor (MASK_KIND 0)."""
     return any(kind == 0 for _, kind, *_ in variants)
+
+
+def _on_cuda(kind: int, want: int, cuda0: bool, ask) -> bool:
+    """Whether one of :func:`_mask_plan`'s launches runs on the CUDA kernels: one without a mask tensor where
+    ``cuda0`` says so; a gated call's mask-reading launch (``want`` 0) never, and without asking: ``ask`` would log
+    "masks other than causal run on the Triton kernels" (a warning under SAGE_COMPILE_INT8_TRAIN_CORE=cuda) for a
+    mask that the CUDA launches beside it compute wherever the check finds it causal and / or key padding; any other
+    launch as ``ask(kind)`` says."""
+    if kind == 0:
+        return cuda0
+    return want != 0 and ask(kind)
 
 
 def _gate_word(gate, keyrange: bool):
@@ -626,7 +635,7 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     cuda0 = _mask_free(variants) and _use_cuda(q8, k8, 0, "split", out_dtype, forward=True)
     keyrange = gate is not None and cuda0
     for mask, kind, ms, rule, want in variants:
-        if cuda0 if kind == 0 else want != 0 and _use_cuda(q8, k8, kind, "split", out_dtype, forward=True):
+        if _on_cuda(kind, want, cuda0, lambda kind: _use_cuda(q8, k8, kind, "split", out_dtype, forward=True)):
             from . import cuda as train_cuda  # the sm90 kernel (SAGE_COMPILE_INT8_TRAIN_CORE auto or cuda)
 
             train_cuda.forward(q8, qs, k8, ks, v8t, vs, out, lse, rule, c, (sob, soh, son), gate=gate, want=want,
@@ -692,7 +701,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     cuda0 = split and _mask_free(variants) and _use_cuda(q8, k8, 0, psi, dk.dtype)  # (dk: the 16-bit type)
     keyrange = gate is not None and cuda0
     for mask, kind, ms, rule, want in variants:
-        if cuda0 if kind == 0 else want != 0 and split and _use_cuda(q8, k8, kind, psi, dk.dtype):
+        if _on_cuda(kind, want, cuda0, lambda kind: split and _use_cuda(q8, k8, kind, psi, dk.dtype)):
             from . import cuda as train_cuda  # dK, dV and dQ from the sm90 kernels (auto or cuda)
 
             train_cuda.dkdv(q8, q8t, qs, k8, ks, v16, lse2, delta, do16, do8t, sdo, dk, dv, rule, sm,
