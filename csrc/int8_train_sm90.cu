@@ -186,6 +186,15 @@ __host__ __device__ constexpr int fwd_wg() { return D == 64 ? SAGE_TRAIN_FWD_WG6
 #ifndef SAGE_TRAIN_LAZY
 #define SAGE_TRAIN_LAZY 1
 #endif
+// SAGE_TRAIN_PP (bits, 0 the default): the consumer warpgroups take turns at the tensor cores (ping-pong, as the
+// int8_fp8 core at hd128): a warpgroup issues a turn's wgmmas only after the warpgroup before it (in a ring) issued
+// its own, so that one warpgroup's products complete while the next one's exps and quantizers run, instead of all
+// of them waiting for the same stage and the same products at once. 1: the forward at hd128 (its step's PV and the
+// next S), 2: the same at hd64; 4: dK / dV's S^T and dP^T, 8: also each of its INT8 products; 16: the dQ kernel's S
+// and dP, 32: also its product. Every warpgroup of a CTA takes the same number of turns.
+#ifndef SAGE_TRAIN_PP
+#define SAGE_TRAIN_PP 0
+#endif
 
 namespace sage_sm90 {
 namespace train {
@@ -430,6 +439,27 @@ __device__ __forceinline__ void psi_rows(const float (&x)[32], uint32_t (&frag)[
 
 __device__ __forceinline__ void wg_wait2() { asm volatile("wgmma.wait_group.sync.aligned 2;\n" ::: "memory"); }
 
+// SAGE_TRAIN_PP's turns among NWG consumer warpgroups (ON false: none): warpgroup w's turn is named barrier 1 + w,
+// passed on by warpgroup w - 1 (mod NWG) when it has issued its own; warpgroup 0 has the first (start), and takes
+// the last warpgroup's final pass after its loop (finish), so that no barrier is left with an arrival
+template <int NWG, bool ON>
+struct Turns {
+  int wg;
+  __device__ __forceinline__ void start() const {
+    if (ON && wg == NWG - 1) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+  }
+  __device__ __forceinline__ void take() const {
+    if (ON) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
+  }
+  __device__ __forceinline__ void pass() const {
+    if (ON) asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wg + 1) % NWG) : "memory");
+  }
+  __device__ __forceinline__ void finish() const {
+    if (ON && wg == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  }
+};
+using NoTurns = Turns<2, false>;
+
 // acc[N / 2 * h ...] (fp32, N of the D channels) += prod (s32, 64 rows x N, landed) * f[row half]
 template <int D, int N>
 __device__ __forceinline__ void fold_int8_product(float (&acc)[D / 2], int h, const uint32_t (&prod)[N / 2],
@@ -447,19 +477,21 @@ __device__ __forceinline__ void fold_int8_product(float (&acc)[D / 2], int h, co
 
 // acc (fp32, 64 rows x D channels) += (frag (64 rows x 64, s8, the A fragments of two k-steps) · B^T) * f[row half],
 // B: the (D x 64) s8 tile at descriptor db (64-byte rows); in H column parts of D / H channels, each issued,
-// waited for and folded before the next (H = 2: an int32 product of 32 registers, not 64)
-template <int D, int H>
+// waited for and folded before the next (H = 2: an int32 product of 32 registers, not 64), each part's issue a turn of tu
+template <int D, int H, typename TU = NoTurns>
 __device__ __forceinline__ void int8_product(float (&acc)[D / 2], const uint32_t (&frag)[2][4], uint64_t db,
-                                             const float (&f)[2]) {
+                                             const float (&f)[2], const TU& tu = TU{}) {
   constexpr int N = D / H;
   static_assert(N == 64 || N == 128, "64 or 128 channels a part");
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     uint32_t prod[N / 2];
     const uint64_t dbh = db + h * (N * 64 / 16);  // channels N * h on: N * h rows of 64 bytes
+    tu.take();
     wg_fence();
     wgmma_s8_rs2<N>(prod, frag, dbh);
     wg_commit();
+    tu.pass();
     wg_wait0();
     reg_fence(prod);
     fold_int8_product<D, N>(acc, h, prod, f);
@@ -766,6 +798,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float dv[D / 2], dk[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dv[i] = 0.f, dk[i] = 0.f;
+  const Turns<2, (SAGE_TRAIN_PP & 4) != 0> turn{ln.wg};
+  const Turns<2, (SAGE_TRAIN_PP & 12) == 12> pturn{ln.wg};
+  turn.start();
 
   mbar_wait(ring.first, 0);
   int it = 0;
@@ -810,11 +845,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                        : "=f"(dp[4 * i + 2 * rh]), "=f"(dp[4 * i + 2 * rh + 1])
                        : "r"(smem_u32(sl + kBM + perm_base(i) + 4 * t)));
 #endif
+      turn.take();
       wg_fence();
       issue_s<D>(sacc, da_k, smem_desc<D>(st + L::kQ));
       wg_commit();
       issue_dp<D, T>(dp, sv + ln.wg * 64 * 128, kBN * 128, st + L::kDO, kBM * 128);
       wg_commit();
+      turn.pass();
       wg_wait1();  // S^T
       reg_fence(sacc);
 
@@ -871,14 +908,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) reg_fence(pa[kk]), reg_fence(da[kk]);  // the fragments complete before the fence
       const float fv[2] = {sp[0] * sdo, sp[1] * sdo};
-      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv);
+      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 1) ? 2 : 1>(dv, pa, smem_desc<64>(st + L::kDOT), fv, pturn);
       const float fk[2] = {sds[0] * qraw, sds[1] * qraw};
-      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk);
+      int8_product<D, D == 128 && (SAGE_TRAIN_PARTS & 2) ? 2 : 1>(dk, da, smem_desc<64>(st + L::kQT), fk, pturn);
       ring.release(it);
       ++it;
     };
     run_steps(lo / kBM, (qend + kBM - 1) / kBM, full0, kpart ? full0 : qend / kBM, step);
   }
+  turn.finish();
 
   // epilogue: dK * softmax scale, dV; rows past Lk are not stored
   const long long off = b * p.sob + hk * p.soh;
@@ -995,6 +1033,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   float dq[D / 2], rs[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dq[i] = 0.f;
+  static_assert(!(SAGE_TRAIN_DQPIPE && (SAGE_TRAIN_PP & 16)), "SAGE_TRAIN_PP's dQ turns are not for SAGE_TRAIN_DQPIPE");
+  const Turns<NWG, (SAGE_TRAIN_PP & 16) != 0> turn{ln.wg};
+  const Turns<NWG, (SAGE_TRAIN_PP & 48) == 48> pturn{ln.wg};
+  turn.start();
 
   mbar_wait(ring.first, 0);
   // S = q̂·k̂^T and dP = dO·V̂^T of the step at stage st (two commit groups)
@@ -1049,8 +1091,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     s_fill(sacc);
     d_fill(dp);
 #endif
+    turn.take();
     wg_fence();
     issue_s_dp(sacc, dp, st);
+    turn.pass();
     wg_wait1();  // S
     reg_fence(sacc);
 #endif
@@ -1092,12 +1136,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     reg_fence(prod);
     fold_int8_product<D, D>(dq, 0, prod, f);
 #else
-    int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f);
+    int8_product<D, D == 128 && SAGE_TRAIN_DQ_PARTS ? 2 : 1>(dq, da, smem_desc<64>(st + L::kKT), f, pturn);
 #endif
     ring.release(i);
   };
   const int2 full = full_steps<CAUSAL>(qb, ln.wg, p);
   run_steps(0, qb.n_tiles, full.x, full.y, step);
+  turn.finish();
 #if SAGE_TRAIN_DQPIPE
   wg_wait0();  // the last step's dropped S and dP
   }
@@ -1244,15 +1289,19 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
   float o[D / 2], m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  const Turns<NWG, (SAGE_TRAIN_PP & (D == 128 ? 1 : 2)) != 0> turn{ln.wg};
+  turn.start();
 
   mbar_wait(ring.first, 0);
   if (qb.n_tiles > 0) {
     uint32_t sacc[32];
     ring.wait_full(0);
     s_fill(sacc);
+    turn.take();
     wg_fence();
     issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + L::kK));
     wg_commit();
+    turn.pass();
     // (SAGE_TRAIN_EARLY: the coming step's K scale, read from its stage once it is waited for)
     [[maybe_unused]] float ksc_next = stage_k_scale<STAGES>(smem + L::kX, 0);
     wg_wait0();
@@ -1310,10 +1359,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
       if (SAGE_TRAIN_EARLY) ksc_next = stage_k_scale<STAGES>(smem + L::kX, i1);
       uint32_t pv[D / 2];
       s_fill(sacc);
+      turn.take();
       wg_fence();
       wgmma_s8_rs2<D>(pv, pa, smem_desc<64>(st + L::kVT));
       issue_s<D>(sacc, da_q, smem_desc<D>(smem + L::kStage0 + (i1 % STAGES) * L::kStageBytes + L::kK));
       wg_commit();
+      turn.pass();
       // O * alpha while the tensor cores work (SAGE_TRAIN_LAZY: only where a row of the warp raised its max)
       if (!SAGE_TRAIN_LAZY || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
@@ -1337,6 +1388,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1)
     const int2 full = full_steps<CAUSAL>(qb, ln.wg, p);
     run_steps(0, qb.n_tiles, full.x, full.y, step);
   }
+  turn.finish();
 
   // epilogue: full row sums over the quad, O / l (0 for rows that see no key), the LSE
   float inv[2];
