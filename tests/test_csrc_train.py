@@ -17,10 +17,10 @@ from test_csrc import NVCC, sass_functions
                                                    "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
                                                    "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
                                         "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
-                                        "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0",
+                                        "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0 -DSAGE_TRAIN_PP=58",
                                         # (DQPIPE with three dQ warpgroups spills 1152 bytes at hd128)
-                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2",
-                                        "-DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2"])
+                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2 "
+                                        "-DSAGE_TRAIN_PP=7"])
 def compiled(request, tmp_path_factory):
     if NVCC is None:
         pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
@@ -122,6 +122,17 @@ def test_sass_has_the_steps_wgmmas(compiled):
         # the forward's lazy rescale (SAGE_TRAIN_LAZY): one warp vote a step
         lazy = kind == "fwd" and "SAGE_TRAIN_LAZY=0" not in knobs
         assert len(re.findall(r"VOTE\.ALL", f)) == copies * lazy, name
+        # SAGE_TRAIN_PP's turns (bits per kernel): one named-barrier wait and one pass (register ids) per turn of a
+        # step (S / S and dP; with the products' bit each product part too; the forward's first S one more), the
+        # start's pass and the finish's wait on barrier 1 once
+        pp = int((re.search(r"SAGE_TRAIN_PP=(\d+)", knobs) or [0, "0"])[1])
+        on, parts = {"fwd": (pp & (1 if d == 128 else 2), 0),
+                     "dkdv": (pp & 4, (pp & 8 and (2 + halves if d == 128 else 2)) if kind == "dkdv" else 0),
+                     "dq": (pp & 16, (pp & 32 and (1 + halves)) if kind == "dq" else 0)}[kind]
+        turns = bool(on) * ((1 + parts) * copies + (kind == "fwd"))
+        assert len(re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100 ", f)) == turns, (name, turns)
+        assert len(re.findall(r"BAR\.ARV R\d+, 0x100 ", f)) == turns, (name, turns)
+        assert len(re.findall(r"BAR\.(?:ARV|SYNC\.DEFER_BLOCKING) 0x1, 0x100 ", f)) == 2 * bool(on), name
         if kind == "dq" and "SAGE_TRAIN_DQPIPE=1" in knobs:
             # each step waits for its product alone (S and dP of the next step still in flight), then for all
             assert len(re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x2", f)) == copies, name
