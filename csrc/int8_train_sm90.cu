@@ -186,14 +186,19 @@ __host__ __device__ constexpr int fwd_wg() { return D == 64 ? SAGE_TRAIN_FWD_WG6
 #ifndef SAGE_TRAIN_LAZY
 #define SAGE_TRAIN_LAZY 1
 #endif
-// SAGE_TRAIN_PP (bits, 0 the default): the consumer warpgroups take turns at the tensor cores (ping-pong, as the
+// SAGE_TRAIN_PP (bits, 2 the default): the consumer warpgroups take turns at the tensor cores (ping-pong, as the
 // int8_fp8 core at hd128): a warpgroup issues a turn's wgmmas only after the warpgroup before it (in a ring) issued
 // its own, so that one warpgroup's products complete while the next one's exps and quantizers run, instead of all
 // of them waiting for the same stage and the same products at once. 1: the forward at hd128 (its step's PV and the
-// next S), 2: the same at hd64; 4: dK / dV's S^T and dP^T, 8: also each of its INT8 products; 16: the dQ kernel's S
-// and dP, 32: also its product. Every warpgroup of a CTA takes the same number of turns.
+// next S), 2: the same at hd64 (three warpgroups); 4: dK / dV's S^T and dP^T, 8: also each of its INT8 products; 16:
+// the dQ kernel's S and dP, 32: also its product. Every warpgroup of a CTA takes the same number of turns. H100 runs
+// 147 (train_variants_run147*_256894c_*, 3 rounds, medians, outputs identical): only the hd64 forward gains, 16K
+// 5.07 vs 5.36 ms, causal 2.72 vs 2.79, 4K 0.398 vs 0.400 (causal 4K 0.251 vs 0.247); the hd128 forward within the
+// spread (16K 7.45 vs 7.50, causal 3.82 vs 3.77); the backward slower with dK / dV's turns (hd128 16K 23.71, with
+// the products' 23.77, vs 22.92 ms; 4K 1.651 / 1.710 vs 1.619; hd64 16K 15.81 / 16.89 vs 15.74) and no faster with
+// dQ's (23.08, 1.621, 15.78): there the warpgroups' own waits already interleave them.
 #ifndef SAGE_TRAIN_PP
-#define SAGE_TRAIN_PP 0
+#define SAGE_TRAIN_PP 2
 #endif
 
 namespace sage_sm90 {
