@@ -196,7 +196,8 @@ __host__ __device__ constexpr int fwd_wg() { return D == 64 ? SAGE_TRAIN_FWD_WG6
 // 5.07 vs 5.36 ms, causal 2.72 vs 2.79, 4K 0.398 vs 0.400 (causal 4K 0.251 vs 0.247); the hd128 forward within the
 // spread (16K 7.45 vs 7.50, causal 3.82 vs 3.77); the backward slower with dK / dV's turns (hd128 16K 23.71, with
 // the products' 23.77, vs 22.92 ms; 4K 1.651 / 1.710 vs 1.619; hd64 16K 15.81 / 16.89 vs 15.74) and no faster with
-// dQ's (23.08, 1.621, 15.78): there the warpgroups' own waits already interleave them.
+// dQ's (23.08, 1.621, 15.78) (not profiled; probably each warpgroup's wait for its own S and dP mid-step staggers them
+// already, and a fixed order only adds the barrier's wait).
 #ifndef SAGE_TRAIN_PP
 #define SAGE_TRAIN_PP 2
 #endif
