@@ -57,6 +57,12 @@
 #ifndef SAGE_WG128
 #define SAGE_WG128 2
 #endif
+// SAGE_RING64 1 (hd64, three consumer warpgroups, no ping-pong, exp ring or split waits): the warpgroups take turns
+// at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn issuing the warpgroup's wgmmas as
+// the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its loop. 0: they run freely.
+#ifndef SAGE_RING64
+#define SAGE_RING64 0
+#endif
 #ifndef SAGE_PINGPONG64
 #define SAGE_PINGPONG64 0
 #endif
@@ -299,6 +305,13 @@ struct Layout {
 };
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
+// SAGE_RING64's turns: named barriers 6 + w, each counting the waiting warpgroup and the one passing to it
+__device__ __forceinline__ void ring_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+}
+__device__ __forceinline__ void ring_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+}
 template <bool PP>
 __device__ __forceinline__ void named_sync(int id) {
   if (!PP) return;
@@ -617,6 +630,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   static_assert(SAGE_EXPTURN64 == 0 || SAGE_EXPTURN64 == 1, "SAGE_EXPTURN64: 0 or 1");
   static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
   constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
+  constexpr bool kRing = D == 64 && SAGE_RING64 && consumer_wgs<D>() == 3 && !kPP && !kTurn && !kSplit;
   constexpr bool kMagic = s_magic_on<D, CAUSAL>();
   constexpr bool kLag = pv_lag_on<D, CAUSAL>();
   static_assert(!(kLag && kSplit), "SAGE_PVLAG and SAGE_SPLIT64 exclude each other");
@@ -724,6 +738,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   qsc1 = qsc1 == 0.f ? 1.17549435e-38f : qsc1;
   const int wg_first = m0 + wg * 64;
   const int my_bar = 1 + wg, other_bar = 2 - wg;
+  const int ring_mine = 6 + wg, ring_next = wg == kNwg - 1 ? 6 : 7 + wg;  // (SAGE_RING64)
 
   float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
   float o[D / 2];
@@ -752,14 +767,17 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       alpha[0] = alpha[1] = 1.f;
     }
     if (wg == 1) named_arrive<kPP>(1);
+    if (kRing && wg == kNwg - 1) ring_arrive(6);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
+    if constexpr (kRing) ring_sync(ring_mine);
     if constexpr (kMagic) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D, kMagic>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
+    if constexpr (kRing) ring_arrive(ring_next);
     wg_wait0();
     reg_fence(sacc);
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
@@ -794,6 +812,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         const int s1 = more ? (j + 1) % STAGES : s;
         // the turn: S of the next tile (its own commit group), then PV of this one; wait for S alone
         named_sync<kPP>(my_bar);
+        if constexpr (kRing) ring_sync(ring_mine);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
         issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
@@ -803,6 +822,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
           wgmma_pv<D>(ot_lag, pa_lag[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
         wg_commit();
         named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));
+        if constexpr (kRing) ring_arrive(ring_next);
         wg_wait1();
         reg_fence(sacc);
         return;
@@ -837,6 +857,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         return;
       }
       named_sync<kPP>(my_bar);
+      if constexpr (kRing) ring_sync(ring_mine);
       mbar_wait(&v_full[s], parity);
       if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
       wg_fence();
@@ -846,6 +867,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
       named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
+      if constexpr (kRing) ring_arrive(ring_next);
       wg_wait0();
       reg_fence(ot);
       reg_fence(sacc);
@@ -868,6 +890,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
     // warpgroup's final pass here, so that no barrier is left with an arrival
     if (kTurn && wg == 0) turn_wait(0);
+    if (kRing && wg == 0) ring_sync(6);
     if constexpr (kLag) {  // the last tile's PV
       wg_wait0();
       reg_fence(ot_lag);
