@@ -60,6 +60,8 @@
 // SAGE_RING64 1 (hd64, three consumer warpgroups, no ping-pong, exp ring or split waits): the warpgroups take turns
 // at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn issuing the warpgroup's wgmmas as
 // the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its loop. 0: they run freely.
+// Not yet run on a GPU (the same ring in the int8_train forward at hd64 gained 2-6 %, H100 run 147). Offline
+// (nvcc 13.0) the hd64 kernels then spill 8-24 bytes.
 #ifndef SAGE_RING64
 #define SAGE_RING64 0
 #endif
