@@ -306,14 +306,8 @@ struct Layout {
   static constexpr int kBytes = kBar + 8 * (1 + 3 * STAGES) + 1024;  // + alignment slack
 };
 
-// named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong)
-// SAGE_RING64's turns: named barriers 6 + w, each counting the waiting warpgroup and the one passing to it
-__device__ __forceinline__ void ring_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
-}
-__device__ __forceinline__ void ring_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
-}
+// named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong); SAGE_RING64's ring the
+// same with barriers 6 + w (each counts the waiting warpgroup and the one passing to it)
 template <bool PP>
 __device__ __forceinline__ void named_sync(int id) {
   if (!PP) return;
@@ -769,17 +763,17 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       alpha[0] = alpha[1] = 1.f;
     }
     if (wg == 1) named_arrive<kPP>(1);
-    if (kRing && wg == kNwg - 1) ring_arrive(6);
+    if (wg == kNwg - 1) named_arrive<kRing>(6);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
-    if constexpr (kRing) ring_sync(ring_mine);
+    named_sync<kRing>(ring_mine);
     if constexpr (kMagic) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D, kMagic>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
-    if constexpr (kRing) ring_arrive(ring_next);
+    named_arrive<kRing>(ring_next);
     wg_wait0();
     reg_fence(sacc);
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
@@ -814,7 +808,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         const int s1 = more ? (j + 1) % STAGES : s;
         // the turn: S of the next tile (its own commit group), then PV of this one; wait for S alone
         named_sync<kPP>(my_bar);
-        if constexpr (kRing) ring_sync(ring_mine);
+        named_sync<kRing>(ring_mine);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
         issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
@@ -824,7 +818,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
           wgmma_pv<D>(ot_lag, pa_lag[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
         wg_commit();
         named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));
-        if constexpr (kRing) ring_arrive(ring_next);
+        named_arrive<kRing>(ring_next);
         wg_wait1();
         reg_fence(sacc);
         return;
@@ -859,7 +853,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         return;
       }
       named_sync<kPP>(my_bar);
-      if constexpr (kRing) ring_sync(ring_mine);
+      named_sync<kRing>(ring_mine);
       mbar_wait(&v_full[s], parity);
       if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
       wg_fence();
@@ -869,7 +863,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
       named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
-      if constexpr (kRing) ring_arrive(ring_next);
+      named_arrive<kRing>(ring_next);
       wg_wait0();
       reg_fence(ot);
       reg_fence(sacc);
@@ -892,7 +886,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
     // warpgroup's final pass here, so that no barrier is left with an arrival
     if (kTurn && wg == 0) turn_wait(0);
-    if (kRing && wg == 0) ring_sync(6);
+    if (wg == 0) named_sync<kRing>(6);
     if constexpr (kLag) {  // the last tile's PV
       wg_wait0();
       reg_fence(ot_lag);
