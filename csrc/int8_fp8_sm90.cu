@@ -60,8 +60,8 @@
 // SAGE_RING64 1 (hd64, three consumer warpgroups, no ping-pong, exp ring or split waits): the warpgroups take turns
 // at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn issuing the warpgroup's wgmmas as
 // the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its loop. 0: they run freely.
-// Not yet run on a GPU (the same ring in the int8_train forward at hd64 gained 2-6 %, H100 run 147). Offline
-// (nvcc 13.0) the hd64 kernels then spill 8-24 bytes.
+// Run 149 (H100, barrier ids in registers, 8-24 bytes of spills): causal 16K 605 vs 582 TOPS, 16K and 4K within
+// the spread, GPU tests pass. Since then the ids are predicated immediates (ring_wait / ring_pass): no spills.
 #ifndef SAGE_RING64
 #define SAGE_RING64 0
 #endif
@@ -307,7 +307,7 @@ struct Layout {
 };
 
 // named barriers 1 and 2: the consumer warpgroups take turns at the tensor cores (ping-pong); SAGE_RING64's ring the
-// same with barriers 6 + w (each counts the waiting warpgroup and the one passing to it)
+// same with barriers 6-8 (each counts the waiting warpgroup and the one passing to it)
 template <bool PP>
 __device__ __forceinline__ void named_sync(int id) {
   if (!PP) return;
@@ -318,6 +318,23 @@ __device__ __forceinline__ void named_arrive(int id) {
   if (!PP) return;
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
+// SAGE_RING64's ring of three warpgroups: warpgroup w waits at barrier 6 + w (ring_wait) and passes the turn to
+// 6 + (w + 1) % 3 (ring_pass). The ids are immediates, one instruction each behind a predicate on w: an id in a
+// register is one more live register across the loop, and at 160 registers the hd64 kernels then spilled 8-24 bytes.
+#define SAGE_RING_ASM(OP, A, B, C)                                                                                    \
+  asm volatile("{\n.reg .pred p0, p1, p2;\nsetp.eq.s32 p0, %0, 0;\nsetp.eq.s32 p1, %0, 1;\nsetp.eq.s32 p2, %0, 2;\n" \
+               "@p0 " OP " " #A ", %1;\n@p1 " OP " " #B ", %1;\n@p2 " OP " " #C ", %1;\n}\n" ::"r"(wg),           \
+               "n"(kConsumerWarps * 32)                                                                              \
+               : "memory")
+template <bool ON>
+__device__ __forceinline__ void ring_wait(int wg) {
+  if (ON) SAGE_RING_ASM("bar.sync", 6, 7, 8);
+}
+template <bool ON>
+__device__ __forceinline__ void ring_pass(int wg) {
+  if (ON) SAGE_RING_ASM("bar.arrive", 7, 8, 6);
+}
+#undef SAGE_RING_ASM
 template <bool PP>
 __device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predicated: no branch between wgmmas
   if (!PP) return;
@@ -734,7 +751,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   qsc1 = qsc1 == 0.f ? 1.17549435e-38f : qsc1;
   const int wg_first = m0 + wg * 64;
   const int my_bar = 1 + wg, other_bar = 2 - wg;
-  const int ring_mine = 6 + wg, ring_next = wg == kNwg - 1 ? 6 : 7 + wg;  // (SAGE_RING64)
 
   float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f}, alpha[2];
   float o[D / 2];
@@ -766,14 +782,14 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     if (wg == kNwg - 1) named_arrive<kRing>(6);
     if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
-    named_sync<kRing>(ring_mine);
+    ring_wait<kRing>(wg);
     if constexpr (kMagic) s_magic_fill(sacc);
     mbar_wait(&k_full[0], 0);
     wg_fence();
     issue_s<D, kMagic>(sacc, dq, sk);
     wg_commit();
     named_arrive<kPP>(other_bar);
-    named_arrive<kRing>(ring_next);
+    ring_pass<kRing>(wg);
     wg_wait0();
     reg_fence(sacc);
     // one tile: softmax, then the turn at the tensor cores; edge_c: EdgeMask<0> the tile needs no mask,
@@ -808,7 +824,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         const int s1 = more ? (j + 1) % STAGES : s;
         // the turn: S of the next tile (its own commit group), then PV of this one; wait for S alone
         named_sync<kPP>(my_bar);
-        named_sync<kRing>(ring_mine);
+        ring_wait<kRing>(wg);
         if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
         wg_fence();
         issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
@@ -818,7 +834,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
           wgmma_pv<D>(ot_lag, pa_lag[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
         wg_commit();
         named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));
-        named_arrive<kRing>(ring_next);
+        ring_pass<kRing>(wg);
         wg_wait1();
         reg_fence(sacc);
         return;
@@ -853,7 +869,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         return;
       }
       named_sync<kPP>(my_bar);
-      named_sync<kRing>(ring_mine);
+      ring_wait<kRing>(wg);
       mbar_wait(&v_full[s], parity);
       if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
       wg_fence();
@@ -863,7 +879,7 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
       wg_commit();
       named_arrive_if<kPP>(other_bar, !(wg == 1 && !more));  // (warpgroup 0 has no turn left)
-      named_arrive<kRing>(ring_next);
+      ring_pass<kRing>(wg);
       wg_wait0();
       reg_fence(ot);
       reg_fence(sacc);
