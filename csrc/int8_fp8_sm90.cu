@@ -57,13 +57,17 @@
 #ifndef SAGE_WG128
 #define SAGE_WG128 2
 #endif
-// SAGE_RING64 1 (hd64, three consumer warpgroups, no ping-pong, exp ring or split waits): the warpgroups take turns
-// at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn issuing the warpgroup's wgmmas as
-// the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its loop. 0: they run freely.
-// Run 149 (H100, barrier ids in registers, 8-24 bytes of spills): causal 16K 605 vs 582 TOPS, 16K and 4K within
-// the spread, GPU tests pass. Since then the ids are predicated immediates (ring_wait / ring_pass): no spills.
+// SAGE_RING64 / SAGE_RING64C 1 (hd64 non-causal / causal; three consumer warpgroups, no ping-pong, exp ring or split
+// waits): the warpgroups take turns at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn
+// issuing the warpgroup's wgmmas as the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its
+// loop. 0: they run freely. Run 150 (H100, cuda_variants_run150_*, TOPS, same outputs): causal 16K 609 vs 590, causal
+// 4K 457 vs 450; non-causal 16K 642 vs 646, 8K 629 vs 632, 4K 559 vs 560 (within the spread), so on for causal only
+// (run 149 with the ids in registers, which spilled 8-24 bytes: causal 16K 605 vs 582, non-causal the same).
 #ifndef SAGE_RING64
 #define SAGE_RING64 0
+#endif
+#ifndef SAGE_RING64C
+#define SAGE_RING64C 1
 #endif
 #ifndef SAGE_PINGPONG64
 #define SAGE_PINGPONG64 0
@@ -643,7 +647,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   static_assert(SAGE_EXPTURN64 == 0 || SAGE_EXPTURN64 == 1, "SAGE_EXPTURN64: 0 or 1");
   static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
   constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
-  constexpr bool kRing = D == 64 && SAGE_RING64 && consumer_wgs<D>() == 3 && !kPP && !kTurn && !kSplit;
+  constexpr bool kRing =
+      D == 64 && (CAUSAL ? SAGE_RING64C : SAGE_RING64) && consumer_wgs<D>() == 3 && !kPP && !kTurn && !kSplit;
   constexpr bool kMagic = s_magic_on<D, CAUSAL>();
   constexpr bool kLag = pv_lag_on<D, CAUSAL>();
   static_assert(!(kLag && kSplit), "SAGE_PVLAG and SAGE_SPLIT64 exclude each other");

@@ -162,6 +162,20 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
             assert turns and all(len(re.findall(r"MUFU\.EX2", x)) >= 64 for x in turns), (knobs, name)
         elif d == "64":
             assert not turns, (knobs, name)
+        # the tensor-core ring of the three hd64 warpgroups (SAGE_RING64C, on by default for causal; SAGE_RING64 for
+        # the rest): in each tile loop one predicated wait at each of barriers 6-8, then every wgmma of the loop,
+        # then one predicated pass to each; no such barrier in the other kernels
+        ring_on = d == "64" and ("-DSAGE_RING64=1" in knobs.split() if causal == "0" else "-DSAGE_RING64C=0" not in knobs.split())
+        ring_on = ring_on and not any(k in knobs for k in ("SAGE_EXPTURN64", "SAGE_SPLIT64=1", "SAGE_WG64=2"))
+        for body in loops:
+            syncs = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.SYNC\.DEFER_BLOCKING 0x[678], 0x100", t)]
+            passes = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.ARV 0x[678], 0x100", t)]
+            gmma = [i for i, t in enumerate(body) if "GMMA" in t]
+            if ring_on:
+                assert sorted(body[i].split()[-2] for i in syncs) == ["0x6,", "0x7,", "0x8,"], (knobs, name)
+                assert len(passes) == 3 and max(syncs) < min(gmma) and max(gmma) < min(passes), (knobs, name)
+            else:
+                assert not syncs and not passes, (knobs, name)
         # S's magic start (SAGE_SMAGIC: every kernel with grouped K scales by default): S read as floats, no
         # int32 -> fp32 conversion; the accumulator filled by LDS.128 (16 a fill: the first S's and the loop's)
         if "SAGE_KPERM=0" not in knobs:
