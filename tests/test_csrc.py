@@ -165,8 +165,9 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         # the tensor-core ring of the three hd64 warpgroups (SAGE_RING64C, on by default for causal; SAGE_RING64 for
         # the rest): in each tile loop one predicated wait at each of barriers 6-8, then every wgmma of the loop,
         # then one predicated pass to each; no such barrier in the other kernels
-        ring_on = d == "64" and ("-DSAGE_RING64=1" in knobs.split() if causal == "0" else "-DSAGE_RING64C=0" not in knobs.split())
-        ring_on = ring_on and not any(k in knobs for k in ("SAGE_EXPTURN64", "SAGE_SPLIT64=1", "SAGE_WG64=2"))
+        knob_on = "-DSAGE_RING64=1" in knobs.split() if causal == "0" else "-DSAGE_RING64C=0" not in knobs.split()
+        excluded = any(k in knobs for k in ("SAGE_EXPTURN64", "SAGE_SPLIT64=1", "SAGE_WG64=2"))  # (no ring there)
+        ring_on = d == "64" and knob_on and not excluded
         for body in loops:
             syncs = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.SYNC\.DEFER_BLOCKING 0x[678], 0x100", t)]
             passes = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.ARV 0x[678], 0x100", t)]
