@@ -8,7 +8,26 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_finish(session):
+    """The selected tests' compiler runs (nvcc builds, the bindings' check) start now, in the background
+    (tests/builds.py)."""
+    import builds
+
+    if not session.config.option.collectonly:
+        builds.start_for(session.items)
+
+
+def pytest_sessionfinish(session):
+    """Builds not started by now are not needed (a run stopped early, -x): dropped."""
+    import builds
+
+    builds.cancel_pending()
+
+
 def pytest_collection_modifyitems(config, items):
+    # the modules with background jobs (tests/builds.py) run last, in their order, so that their jobs have the
+    # rest of the suite's time to finish
+    items.sort(key=lambda item: hasattr(getattr(item, "module", None), "background_builds"))  # (stable)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -15,6 +15,8 @@ import sage_compile
 from sage_compile.passes.rewrite import graph_prologue_functions
 from sage_compile import hooks
 
+import builds
+
 SCRIPT = textwrap.dedent("""
     import sys, torch
     import torch.nn.functional as F
@@ -31,32 +33,61 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(kw: str, **env):
+# the fresh processes each test runs (SCRIPT's argument, environment): started when collection ends, in the
+# background (tests/builds.py), since each spends ~15 s importing and compiling on one core
+RUNS = {
+    "test_entry_point_backend_from_a_new_process": [
+        ("{'backend': 'sage', 'options': {'sage_kernel': 'int8_fp8'}}", {})],
+    "test_global_enable_default_backend_route": [("{}", dict(SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8"))],
+    "test_global_enable_pregrad_route_and_off_by_default": [
+        ("{}", dict(SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8", SAGE_COMPILE_HOOK="pregrad")),
+        ("{}", dict(SAGE_COMPILE_KERNEL="int8_fp8"))],
+}
+
+
+def _script(work, kw: str, env: dict):
     e = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_COMPILE")}
     e.update(env)
-    p = subprocess.run([sys.executable, "-c", SCRIPT, kw], capture_output=True, text=True, env=e, timeout=300,
-                       cwd="/")
+    return subprocess.run([sys.executable, "-c", SCRIPT, kw], capture_output=True, text=True, env=e, timeout=300,
+                          cwd="/")
+
+
+def _start(kw: str, env: dict):
+    return builds.start(("backend", kw, tuple(sorted(env.items()))), _script, kw, env)
+
+
+def background_builds(item):
+    """tests/builds.py: the item's fresh processes (RUNS) start when collection ends."""
+    for kw, env in RUNS.get(item.name, []):
+        _start(kw, env)
+    if item.name == "test_global_enable_on_an_unmodified_diffusers_pipeline":
+        _pipeline_runs()
+
+
+def _run(kw: str, env: dict):
+    p = _start(kw, env).result()
     assert p.returncode == 0, p.stderr[-3000:]
     words = p.stdout.split()
     return int(words[words.index("REPLACED") + 1]), float(words[words.index("COS") + 1]), words[words.index("PREGRAD") + 1]
 
 
 def test_entry_point_backend_from_a_new_process():
-    n, cos, _ = _run("{'backend': 'sage', 'options': {'sage_kernel': 'int8_fp8'}}")
+    n, cos, _ = _run(*RUNS["test_entry_point_backend_from_a_new_process"][0])
     assert n == 1 and cos > 0.999
 
 
 def test_global_enable_default_backend_route():
     if not hasattr(torch.compiler, "set_default_backend"):
         pytest.skip("torch < 2.13 has no default-backend API (the pre-grad route is tested below)")
-    n, cos, pregrad = _run("{}", SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8")
+    n, cos, pregrad = _run(*RUNS["test_global_enable_default_backend_route"][0])
     assert n == 1 and cos > 0.999 and pregrad == "NoneType"
 
 
 def test_global_enable_pregrad_route_and_off_by_default():
-    n, cos, pregrad = _run("{}", SAGE_COMPILE="1", SAGE_COMPILE_KERNEL="int8_fp8", SAGE_COMPILE_HOOK="pregrad")
+    on, off = RUNS["test_global_enable_pregrad_route_and_off_by_default"]
+    n, cos, pregrad = _run(*on)
     assert n == 1 and cos > 0.999 and pregrad == "SagePreGradPass"
-    n, _, pregrad = _run("{}", SAGE_COMPILE_KERNEL="int8_fp8")
+    n, _, pregrad = _run(*off)
     assert n == 0 and pregrad == "NoneType"
 
 
@@ -221,7 +252,23 @@ def test_dynamic_shapes_compile_once():
     assert counters["sage_compile"]["replaced"] >= 1 and counters["sage_compile"]["kept"] == 0
 
 
-def test_global_enable_on_an_unmodified_diffusers_pipeline(tmp_path):
+def _pipeline(work: str, env: dict):
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "pipeline_cogvideox.py")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_COMPILE")}
+    env = {k: v.format(work=work) for k, v in env.items()}
+    p = subprocess.run([sys.executable, script, "cpu", "1", os.path.join(work, "latents.pt")], env={**base, **env},
+                       capture_output=True, text=True, timeout=600)
+    return p, work
+
+
+def _pipeline_runs() -> dict:
+    """The script run eagerly and with SAGE_COMPILE=1, started in the background (tests/builds.py) once."""
+    runs = {"eager": {"TORCHDYNAMO_DISABLE": "1"},
+            "sage": {"SAGE_COMPILE": "1", "SAGE_COMPILE_KERNEL": "int8_fp8", "SAGE_COMPILE_DUMP": "{work}/dump"}}
+    return {name: builds.start(("pipeline", name), _pipeline, env) for name, env in runs.items()}
+
+
+def test_global_enable_on_an_unmodified_diffusers_pipeline():
     """SAGE_COMPILE=1 on an ordinary diffusers script (benchmarks/pipeline_cogvideox.py: a CogVideoX pipeline
     whose transformer goes through a plain torch.compile): every attention site of the compiled transformer
     is replaced (the dump's reports) and the latents of 3 guided steps match the same script run eagerly
@@ -230,16 +277,11 @@ def test_global_enable_on_an_unmodified_diffusers_pipeline(tmp_path):
     import glob
     import json
 
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "pipeline_cogvideox.py")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SAGE_COMPILE")}
-    runs = {"eager": {"TORCHDYNAMO_DISABLE": "1"},
-            "sage": {"SAGE_COMPILE": "1", "SAGE_COMPILE_KERNEL": "int8_fp8", "SAGE_COMPILE_DUMP": str(tmp_path / "dump")}}
-    lat = {}
-    for name, env in runs.items():
-        p = subprocess.run([sys.executable, script, "cpu", "1", str(tmp_path / f"{name}.pt")], env={**base, **env},
-                           capture_output=True, text=True, timeout=600)
+    lat, work = {}, {}
+    for name, job in _pipeline_runs().items():
+        p, work[name] = job.result()
         assert p.returncode == 0, p.stderr[-3000:]
-        lat[name] = torch.load(tmp_path / f"{name}.pt")
-    rows = [r for f in glob.glob(str(tmp_path / "dump" / "*_report.json")) for r in json.load(open(f))]
+        lat[name] = torch.load(os.path.join(work[name], "latents.pt"))
+    rows = [r for f in glob.glob(os.path.join(work["sage"], "dump", "*_report.json")) for r in json.load(open(f))]
     assert rows and all(r["decision"] == "int8_fp8" for r in rows), rows
     assert cos_rel(lat["sage"], lat["eager"])[0] > 0.999  # the step-output goal of issue 7 (3 steps here)

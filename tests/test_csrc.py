@@ -16,8 +16,7 @@ import torch
 
 import sage_compile
 
-NVCC = shutil.which("nvcc")
-
+import builds
 
 def _cuobjdump():
     try:
@@ -28,23 +27,15 @@ def _cuobjdump():
     return bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
 
 
-LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 with two warpgroups: no spills)
+def background_builds(item):
+    """tests/builds.py: the item's nvcc build starts when collection ends."""
+    builds.start_nvcc(item, "int8_fp8")
 
 
-@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
-                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG, "-DSAGE_WGSHFL=0 -DSAGE_IMAX=0"])
-def compiled(request, tmp_path_factory):
-    if NVCC is None:
-        pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
-    from sage_compile.kernels import cuda_ext
-    from sage_compile.kernels.int8_fp8 import cuda
-
-    kernel = next(p for p in cuda.source_paths() if p.endswith(".cu"))
-    obj = str(tmp_path_factory.mktemp("csrc") / "int8_fp8_sm90.o")
-    knobs = [] if request.param == "default" else request.param.split()  # the build knobs compile too
-    flags = [f for f in cuda_ext.CUDA_FLAGS if f != "-lineinfo"] + knobs
-    r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
-    return r, obj, " ".join(knobs)
+@pytest.fixture(scope="module", params=builds.INT8_FP8_VARIANTS)
+def compiled(request):
+    """(nvcc's run, the object, the knobs) of the build of the knobs ``request.param``."""
+    return builds.nvcc_result("int8_fp8", request.param)
 
 
 # The hd64 kernels run three consumer warpgroups at 160 registers (SAGE_WG64=3, 18 % faster on the H200 than

@@ -3,8 +3,8 @@ generated) against the installed torch's headers, so that a mistake in a binding
 build on the GPU, where a failed build costs device minutes and falls back to Triton. A CPU machine has the CUDA
 runtime headers (they come with nvcc) but neither the CUDA math libraries' headers that ATen's CUDA context
 includes nor torch's generated CUDA macros: those are stubbed with the few types the declarations name. A probe
-of the bindings' includes alone comes first: where it does not compile (other headers, another torch) the test is
-skipped with the probe's error, so that a failure is always the bindings'. Skipped without a C++ compiler or the
+of the bindings' includes alone runs beside them: where it does not compile (other headers, another torch) the
+test is skipped with the probe's error, so that a failure is always the bindings'. Skipped without a C++ compiler or the
 CUDA runtime headers."""
 import os
 import shutil
@@ -15,6 +15,8 @@ import pytest
 from torch.utils import cpp_extension
 
 from sage_compile.kernels import cuda_ext
+
+import builds
 
 CXX = shutil.which("c++") or shutil.which("g++")
 NVCC = shutil.which("nvcc")
@@ -40,32 +42,46 @@ def _cuda_include():
     return None
 
 
-def _compile(cxx_flags, path):
-    return subprocess.Popen([CXX, *cxx_flags, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _errors(proc) -> str:
-    _, err = proc.communicate()
-    return "\n".join(line for line in err.splitlines() if "error" in line)[:3000] if proc.returncode else ""
-
-
-def test_bindings_compile_against_torch_headers(tmp_path):
+def _check(work: str, path):
+    """The syntax check of ``path`` (None: the probe of INCLUDES, written in ``work``): its errors, "" where none,
+    or None where there is no compiler or no CUDA runtime headers."""
     cuda_inc = _cuda_include()
     if CXX is None or cuda_inc is None:
-        pytest.skip("no C++ compiler or no CUDA runtime headers: the bindings are only checked where both exist")
-    stubs = tmp_path / "stubs"
-    for name, text in STUBS.items():
-        (stubs / name).parent.mkdir(parents=True, exist_ok=True)
-        (stubs / name).write_text("#pragma once\n" + text)
+        return None
+    stubs = os.path.join(work, "stubs")
+    for stub, text in STUBS.items():
+        os.makedirs(os.path.dirname(os.path.join(stubs, stub)), exist_ok=True)
+        with open(os.path.join(stubs, stub), "w") as f:
+            f.write("#pragma once\n" + text)
+    if path is None:
+        path = os.path.join(work, "probe.cpp")
+        with open(path, "w") as f:
+            f.write("".join(f"#include <{h}>\n" for h in INCLUDES))
     # -std=c++17: the stricter of the standards the device's and this machine's torch build extensions with
     flags = ["-std=c++17", "-fsyntax-only", "-w", "-DTORCH_EXTENSION_NAME=sage_bind_check", f"-I{stubs}",
              *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{cuda_inc}",
              f"-I{sysconfig.get_paths()['include']}"]
-    probe = tmp_path / "probe.cpp"
-    probe.write_text("".join(f"#include <{h}>\n" for h in INCLUDES))
-    procs = {"probe": _compile(flags, str(probe))}
-    procs.update({name: _compile(flags, path) for name, path in zip(BINDINGS, cuda_ext.source_paths(BINDINGS))})
-    errors = {name: _errors(p) for name, p in procs.items()}
+    r = subprocess.run([CXX, *flags, path], capture_output=True, text=True)
+    return "\n".join(line for line in r.stderr.splitlines() if "error" in line)[:3000] if r.returncode else ""
+
+
+def _checks() -> dict:
+    """The probe's and each binding's syntax check (one process each, the headers parsed in each: a precompiled
+    header took longer to write than the three parses), started in the background (tests/builds.py) once."""
+    jobs = {"probe": None, **dict(zip(BINDINGS, cuda_ext.source_paths(BINDINGS)))}
+    return {name: builds.start(("bind", name), _check, path) for name, path in jobs.items()}
+
+
+def background_builds(item):
+    """tests/builds.py: the three syntax checks start when collection ends."""
+    if item.name == "test_bindings_compile_against_torch_headers":
+        _checks()
+
+
+def test_bindings_compile_against_torch_headers():
+    errors = {name: job.result() for name, job in _checks().items()}
+    if errors["probe"] is None:
+        pytest.skip("no C++ compiler or no CUDA runtime headers: the bindings are only checked where both exist")
     if errors.pop("probe"):
         pytest.skip("torch's CUDA headers do not compile here even with the stubs (not the bindings' fault)")
     assert not any(errors.values()), errors

@@ -5,34 +5,23 @@ the Triton kernels unless asked, and falls back to them with the reason where th
 nvcc is absent. (The kernels' numerics are checked on the GPU: tests/test_kernel_int8_train_cuda_gpu.py.)"""
 import logging
 import re
-import subprocess
 
 import pytest
 import torch
 
-from test_csrc import NVCC, sass_functions
+import builds
+from test_csrc import sass_functions
 
 
-@pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
-                                                   "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
-                                                   "-DSAGE_TRAIN_FWD_STAGES=2", "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
-                                        "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
-                                        "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0 -DSAGE_TRAIN_PP=58",
-                                        # (DQPIPE with three dQ warpgroups spills 1152 bytes at hd128)
-                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2 "
-                                        "-DSAGE_TRAIN_PP=7"])
-def compiled(request, tmp_path_factory):
-    if NVCC is None:
-        pytest.skip("nvcc not on PATH: the CUDA sources are only compiled where nvcc exists")
-    from sage_compile.kernels import cuda_ext
-    from sage_compile.kernels.int8_train import cuda
+def background_builds(item):
+    """tests/builds.py: the item's nvcc build starts when collection ends."""
+    builds.start_nvcc(item, "int8_train")
 
-    kernel = next(p for p in cuda_ext.source_paths(cuda.SOURCES) if p.endswith(".cu"))
-    obj = str(tmp_path_factory.mktemp("csrc") / "int8_train_sm90.o")
-    knobs = [] if request.param == "default" else request.param.split()
-    flags = [f for f in cuda_ext.CUDA_FLAGS if f != "-lineinfo"] + knobs
-    r = subprocess.run([NVCC, "-c", *flags, "-Xptxas", "-v", kernel, "-o", obj], capture_output=True, text=True)
-    return r, obj, " ".join(knobs)
+
+@pytest.fixture(scope="module", params=builds.INT8_TRAIN_VARIANTS)
+def compiled(request):
+    """(nvcc's run, the object, the knobs) of the build of the knobs ``request.param``."""
+    return builds.nvcc_result("int8_train", request.param)
 
 
 def test_kernel_compiles_without_spills_or_serialized_wgmmas(compiled):
