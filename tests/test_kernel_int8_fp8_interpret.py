@@ -195,10 +195,12 @@ def test_prologue_with_channel_rescale_bit_identical():
 
 @pytest.mark.parametrize("case,flag", [
     (dict(lq=150, lk=150, pad=[0, 37]), 1),  # causal + right padding (training batch)
-    (dict(lq=150, lk=150, pad=[130, 5], side="left"), 1),  # causal + left padding (generation)
+    # causal + left padding (generation)
+    pytest.param(dict(lq=150, lk=150, pad=[130, 5], side="left"), 1, marks=pytest.mark.slow),
     (dict(lq=40, lk=300, pad=[0, 200], side="left"), 1),  # Lq < Lk (KV cache), bottom-right
     (dict(lq=150, lk=130, pad=[0, 129], causal=False), 2),  # key padding only
-    (dict(lq=150, lk=130, pad=[0, 0], causal=False), 2),  # all True
+    # all True (flag 2 as key padding)
+    pytest.param(dict(lq=150, lk=130, pad=[0, 0], causal=False), 2, marks=pytest.mark.slow),
 ])
 def test_llm_masks_take_the_structured_path(case, flag):
     b = len(case["pad"])
@@ -264,7 +266,7 @@ def test_key_ranges_and_flags_against_torch(chunks, monkeypatch):
         assert f2.item() == (1 if causal else 2)
 
 
-@pytest.mark.parametrize("bad", ["hole", "top_left_offset", "per_head"])
+@pytest.mark.parametrize("bad", ["hole", pytest.param("top_left_offset", marks=pytest.mark.slow), "per_head"])
 def test_other_bool_masks_are_read(bad):
     lq, lk = 150, 130
     mask = llm_mask(2, lq, lk, [0, 10])
