@@ -9,8 +9,8 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_finish(session):
-    """The selected tests' compiler runs (nvcc builds, the bindings' check) start now, in the background
-    (tests/builds.py)."""
+    """The selected tests' long single-process jobs (nvcc builds, the bindings' check, test_backend's fresh
+    processes) start now, in the background (tests/builds.py)."""
     import builds
 
     if not session.config.option.collectonly:
@@ -18,7 +18,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
-    """Builds not started by now are not needed (a run stopped early, -x): dropped."""
+    """Jobs not started by now are not needed (a run stopped early, -x): dropped."""
     import builds
 
     builds.cancel_pending()
