@@ -19,19 +19,6 @@ import pytest
 
 NVCC = shutil.which("nvcc")
 
-# the fixture parameters: "default" or space-separated -D knobs
-INT8_FP8_VARIANTS = ["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
-                     "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", "-DSAGE_PVLAG=7 -DSAGE_WG64=2",
-                     "-DSAGE_WGSHFL=0 -DSAGE_IMAX=0"]
-INT8_TRAIN_VARIANTS = ["default",
-                       "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 -DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
-                       "-DSAGE_TRAIN_FWD_STAGES=2",
-                       "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
-                       "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 -DSAGE_TRAIN_EARLY=0 "
-                       "-DSAGE_TRAIN_DFILL=0 -DSAGE_TRAIN_PP=58",
-                       # (DQPIPE with three dQ warpgroups spills 1152 bytes at hd128)
-                       "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2 -DSAGE_TRAIN_PP=7"]
-
 _lock = threading.Lock()
 _pool = None
 _dir = None

@@ -18,6 +18,7 @@ import sage_compile
 
 import builds
 
+
 def _cuobjdump():
     try:
         import triton
@@ -32,7 +33,11 @@ def background_builds(item):
     builds.start_nvcc(item, "int8_fp8")
 
 
-@pytest.fixture(scope="module", params=builds.INT8_FP8_VARIANTS)
+LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 with two warpgroups: no spills)
+
+
+@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
+                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG, "-DSAGE_WGSHFL=0 -DSAGE_IMAX=0"])
 def compiled(request):
     """(nvcc's run, the object, the knobs) of the build of the knobs ``request.param``."""
     return builds.nvcc_result("int8_fp8", request.param)

@@ -18,7 +18,15 @@ def background_builds(item):
     builds.start_nvcc(item, "int8_train")
 
 
-@pytest.fixture(scope="module", params=builds.INT8_TRAIN_VARIANTS)
+@pytest.fixture(scope="module", params=["default", "-DSAGE_TRAIN_PARTS=0 -DSAGE_TRAIN_STAGES=2 "
+                                                   "-DSAGE_TRAIN_DQ_PARTS=1 -DSAGE_TRAIN_DQ_STAGES=4 "
+                                                   "-DSAGE_TRAIN_FWD_STAGES=2",
+                                        "-DSAGE_TRAIN_EDGELOOP=0 -DSAGE_TRAIN_MAXCHAINS64=0 -DSAGE_TRAIN_MAXCHAINS128=8",
+                                        "-DSAGE_TRAIN_SMAGIC=0 -DSAGE_TRAIN_LAZY=0 -DSAGE_TRAIN_FMAROUND=0 "
+                                        "-DSAGE_TRAIN_EARLY=0 -DSAGE_TRAIN_DFILL=0 -DSAGE_TRAIN_PP=58",
+                                        # (DQPIPE with three dQ warpgroups spills 1152 bytes at hd128)
+                                        "-DSAGE_TRAIN_DQPIPE=1 -DSAGE_TRAIN_DQ_WG=2 -DSAGE_TRAIN_FWD_WG64=2 "
+                                        "-DSAGE_TRAIN_PP=7"])
 def compiled(request):
     """(nvcc's run, the object, the knobs) of the build of the knobs ``request.param``."""
     return builds.nvcc_result("int8_train", request.param)
