@@ -46,6 +46,11 @@ def _mods():
 KERNEL_BYTES = {"_chan_stats": 6, "_quant_rows_int8": 6, "_quant_v_fp8": 3, "_stats_finalize": 0}
 
 
+# bytes the op moves per element of one of Q, K, V with channel balancing: each tensor read twice in bf16
+# (statistics, quantization) and written once in one byte (scales and partials left out): its DRAM floor
+OP_BYTES = 3 * (2 * 2 + 1)
+
+
 def kernel_times(fn, qkv, base: dict, label: str, calls: int = 20) -> list:
     """CUDA time per call of each kernel ``fn`` launches (:func:`diag_train._kernel_ms`: torch.profiler over
     ``calls`` calls), printed with the bandwidth it implies (:data:`KERNEL_BYTES`); records ``metric: ms``,
@@ -103,7 +108,8 @@ def main():
                 diff = {lbl: int((x.view(torch.uint8) != y.view(torch.uint8)).sum()) if x.element_size() == 1
                         else int((x != y).sum()) for lbl, x, y in zip(("q8", "qs", "k8", "ks", "v8", "vs"),
                                                                      outs[name], outs[first])}
-                print(f"{model:9s} N={nt:6d} {name:8s} gpu {gpu:7.4f} ms  wall {wall:6.3f} ms  host {host:6.3f} ms  "
+                tbs = OP_BYTES * q.numel() / gpu / 1e9
+                print(f"{model:9s} N={nt:6d} {name:8s} gpu {gpu:7.4f} ms ({tbs:4.2f} TB/s)  wall {wall:6.3f} ms  host {host:6.3f} ms  "
                       f"differs from {first}: {diff}", flush=True)
                 base = dict(meta, model=model, variant=name, heads=h, head_dim=d, seq_len=nt)
                 recs += [dict(base, metric="ms", value=gpu, note="GPU time of the prologue op (CUDA graph, do_bench_cudagraph median)"),
