@@ -57,8 +57,7 @@
 #ifndef SAGE_WG128
 #define SAGE_WG128 2
 #endif
-// SAGE_RING64 / SAGE_RING64C 1 (hd64 non-causal / causal; three consumer warpgroups, no ping-pong, exp ring or split
-// waits): the warpgroups take turns at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn
+// SAGE_RING64 / SAGE_RING64C 1 (hd64 non-causal / causal; three consumer warpgroups, no ping-pong): the warpgroups take turns at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn
 // issuing the warpgroup's wgmmas as the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its
 // loop. 0: they run freely. Run 150 (H100, cuda_variants_run150_*, TOPS, same outputs): causal 16K 609 vs 590, causal
 // 4K 457 vs 450; non-causal 16K 642 vs 646, 8K 629 vs 632, 4K 559 vs 560 (within the spread), so on for causal only
@@ -72,14 +71,8 @@
 #ifndef SAGE_PINGPONG64
 #define SAGE_PINGPONG64 0
 #endif
-// SAGE_SPLIT64 1 (hd64, no ping-pong): wait for PV before issuing the next S (two waits per tile), so that
-// S's accumulator and the PV operands are never live together: no hd64 kernel spills (the default's causal
-// kernels spill 20 bytes). Run 15 on the H200 (cuda_variants_run15_*): identical outputs, kernel only 463 vs
-// 459 TOPS at 16K, but 432 vs 463 causal and 390 vs 421 at 4K, so off by default. Also allows SAGE_WG64 4
-// (256 rows, 120 registers; ptxas then spills 40 bytes: not timed).
-#ifndef SAGE_SPLIT64
-#define SAGE_SPLIT64 0
-#endif
+// Removed after timing (code at 295bc0b): SAGE_SPLIT64, hd64 waiting for PV before issuing the next S (no hd64
+// kernel spilled; run 15, H200: 463 vs 459 TOPS at 16K, but 432 vs 463 causal and 390 vs 421 at 4K).
 #ifndef SAGE_PINGPONG128
 #define SAGE_PINGPONG128 1
 #endif
@@ -95,24 +88,11 @@
 // instructions a tile) and run 100 (H100, 214ad10, results/cuda_variants_run100_*; the loop then issued 411 / 454 at
 // hd64 / hd128): hd64 16K 629-635 TOPS -> 592 (1 of 16) / 558 (2 of 16), causal 578-582 -> 545 / 532; hd128 16K
 // 893-901 -> 907 / 883, within the spread. hd64's loop is not bound by MUFU's throughput.
-// SAGE_EXPTURN64 (non-causal) / SAGE_EXPTURN64C (causal) 1, hd64, three consumer warpgroups, no ping-pong:
-// the warpgroups take turns at the exps of their softmax (named barriers 3-5 in a ring: 0, 1, 2, 0, ...), one
-// at a time, so that the MUFU pipe (16 ex2 per clock per SM) is fed by one warp per sub-partition while the
-// others do their row maxima, row sums, E4M3 packing, wgmmas and folds; 0 the three run freely (run 35's
-// stall samples: MUFU 31 %, mostly queue-full and wait). Two at a time is not sound with named barriers,
-// which count arrivals: a warpgroup could arrive twice at its successor's barrier before the successor
-// waits, completing it without the waiter (run 70: a causal kernel of that form hung).
-// H200, identical outputs: non-causal 0.90-0.96x (run 74: 545 -> 493-497 TOPS at 17,776 tokens, 2 x 30 heads,
-// 476 -> 458 at 4K; run 69's first form, with a predicated last pass, 0.78x), causal 1.05-1.08x at 4K-17,776
-// tokens (runs 72 and 74: 16K 467-471 -> 493-499). With S's magic start (SAGE_SMAGIC, below) the free-running
-// causal kernels are faster still and the ring slows them (run 77: 16K 492-496 with the ring alone, 540
-// free-running with the magic start, 458 with both; 4K 370-372 / 400 / 348), so both are off by default.
-#ifndef SAGE_EXPTURN64
-#define SAGE_EXPTURN64 0
-#endif
-#ifndef SAGE_EXPTURN64C
-#define SAGE_EXPTURN64C 0
-#endif
+// Removed after timing (code at 295bc0b): SAGE_EXPTURN64 / SAGE_EXPTURN64C, hd64's three warpgroups taking turns
+// at the exps of their softmax (named barriers 3-5 in a ring, tied to the exps through shared memory). H200:
+// non-causal 0.90-0.96x (run 74), causal 1.05-1.08x (runs 72, 74) before S's magic start; with it the
+// free-running causal kernels were faster and the ring slowed them (run 77: 16K 540 vs 458 TOPS, 4K 400 vs 348).
+// Two warpgroups at a time is not sound with named barriers, which count arrivals (run 70: such a kernel hung).
 // SAGE_KGROUP 1: the K scales are tied in groups of 32 keys of each 128-key tile, the keys k with equal
 // (k >> 2) & 3 (SageAttention2's per-thread grouping, in this kernel's key order: a lane's own columns), as
 // the int8_fp8 prologue writes them (reference.quant.quant_int8_k_groups): one K scale per thread and tile,
@@ -131,13 +111,12 @@
 // H200, kernel only, 2 x 30 heads (cuda_variants_run7[67]_*): hd64 non-causal 544-546 -> 561-563 TOPS at 17,776
 // tokens, 527 -> 549 at 8K, 476-478 -> 516-517 at 4K; hd128 16K 830-837 -> 874, causal 777-784 -> 830, 8K 794 ->
 // 828-841, 4K 724 -> 785-788; hd64 causal 492-496 (with the exp ring, then the default) -> 540 at 16K and 370-372
-// -> 400 at 4K without the ring (457-458 / 348 with it: SAGE_EXPTURN64C is off since).
+// -> 400 at 4K without the ring (457-458 / 348 with it: the ring was removed since).
 #ifndef SAGE_SMAGIC
 #define SAGE_SMAGIC 7
 #endif
 
-// SAGE_PVLAG (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones; not with
-// SAGE_SPLIT64): PV of tile j completes while the softmax of tile j + 1 takes its row maxima. The turn at the
+// SAGE_PVLAG (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones): PV of tile j completes while the softmax of tile j + 1 takes its row maxima. The turn at the
 // tensor cores issues S of the next tile first and PV of this one after it, in two commit groups; the
 // warpgroup waits for S alone (wait_group 1) and starts the next softmax; once that softmax has its row maxima
 // it waits for PV (wait_group 0) and folds it into O with the previous factors, which alpha still holds. The
@@ -150,7 +129,7 @@
 #define SAGE_PVLAG 0
 #endif
 // SAGE_WGSHFL 1 (default): the consumer's warpgroup index comes through a shuffle from lane 0, so that ptxas knows
-// it is warp-uniform (as SAGE_PVLAG and the exp ring always do): Q's descriptor and the named-barrier ids move to
+// it is warp-uniform (as SAGE_PVLAG always does): Q's descriptor and the named-barrier ids move to
 // uniform registers. Offline SASS: the tile loops 7-11 instructions shorter (hd64 448 -> 441, causal 656 -> 645,
 // hd128 495 -> 484, causal 692 -> 681) and no kernel spills (the causal hd64 ones spill 16 bytes without it); with
 // SAGE_PVLAG it takes hd128's spills from 12-36 bytes to 0-4. H200 run 84 (2 x 30 heads, kernel only,
@@ -207,7 +186,7 @@ __host__ __device__ constexpr int block_m() { return 64 * consumer_wgs<D>(); }  
 // registers per consumer thread (setmaxnreg; the producer warpgroup keeps 24): all of the register file
 template <int D>
 __host__ __device__ constexpr int consumer_regs() {
-  return consumer_wgs<D>() == 2 ? 240 : consumer_wgs<D>() == 3 ? 160 : 120;
+  return consumer_wgs<D>() == 2 ? 240 : 160;
 }
 template <int D>
 __host__ __device__ constexpr int threads() { return 128 * consumer_wgs<D>() + 128; }  // + the producer warpgroup (one lane issues TMA)
@@ -352,36 +331,6 @@ __device__ __forceinline__ void named_arrive_if(int id, bool pred) {  // predica
       : "memory");
 }
 
-// SAGE_EXPTURN64: named barrier 3 + w is warpgroup w's turn at the exps; the warpgroup before it in the ring
-// arrives there when its own exps are done (two warpgroups' threads per barrier). ptxas moves register-only
-// instructions across barriers, so the turn is tied to the exps through shared memory: after the wait, a
-// zero loaded from shared memory is added to the exps' offsets (they cannot start before it); before the
-// arrive, the row sums of the exps are stored to a scratch word (the arrive stays after the store).
-__shared__ float turn_zero;       // 0.0f (set at the kernel's start)
-__shared__ float turn_sink[32];   // written, never read
-__device__ __forceinline__ float turn_wait(int wg) {
-  float z;
-  asm volatile(
-      "bar.sync %1, %2;\n"
-      "ld.volatile.shared.f32 %0, [%3];\n"
-      : "=f"(z)
-      : "r"(3 + wg), "n"(256), "r"(smem_u32(&turn_zero))
-      : "memory");
-  return z;
-}
-template <int NWG>  // warpgroup wg passes the turn to warpgroup (wg + 1) % NWG once `after` is computed, if pred
-__device__ __forceinline__ void turn_pass(int wg, float after, int lane, bool pred = true) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "st.volatile.shared.f32 [%2], %3;\n"
-      "setp.ne.b32 p, %4, 0;\n"
-      "@p bar.arrive %0, %1;\n"
-      "}\n" ::"r"(3 + (wg + 1) % NWG),
-      "n"(256), "r"(smem_u32(&turn_sink[lane])), "f"(after), "r"(static_cast<int>(pred))
-      : "memory");
-}
-
 // SAGE_SMAGIC: S of these kernels starts from 1.5 * 2^23's bits (s_magic, four copies), not from zero
 // the bit of a per-kernel-kind knob (SAGE_SMAGIC, SAGE_PVLAG): 1 non-causal hd64, 2 causal hd64, 4 hd128
 template <int D, bool CAUSAL>
@@ -464,11 +413,11 @@ struct EdgeMask {
 
 // after_max() runs once the row maxima are known, before the rescale factors are updated (SAGE_PVLAG: the
 // previous tile's PV is waited for and folded there).
-template <bool CAUSAL, bool KR, int EDGE, int NWG, bool TURN, bool MAGIC, typename AfterMax>
+template <bool CAUSAL, bool KR, int EDGE, bool MAGIC, typename AfterMax>
 __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_t (&pa)[4][4], float (&m_i)[2],
                                              float (&l_i)[2], float (&alpha)[2], const float* sks, bool edge,
                                              int n0, int klo, int khi, int r0, int coff, float qsc0, float qsc1,
-                                             int t, int lane, int wg, AfterMax after_max) {
+                                             int t, int lane, AfterMax after_max) {
   const bool mask = EDGE == 1 || (EDGE == 2 && edge);
   float z[64];
   // under `mask` (the tile crosses an end of the key range [klo, khi) or the causal diagonal): this
@@ -563,11 +512,6 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
     off0 = fmaf(-kMagic, a0, off0);
     off1 = fmaf(-kMagic, a1, off1);
   }
-  if constexpr (TURN) {  // this warpgroup's turn at the exps (the ring of NWG warpgroups): + 0.0 exactly
-    const float zero = turn_wait(wg);
-    off0 += zero;
-    off1 += zero;
-  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) z[i] = ex2(fmaf(z[i], (i & 2) ? a1 : a0, (i & 2) ? off1 : off0));
 #else
@@ -578,7 +522,6 @@ __device__ __forceinline__ void softmax_tile(const uint32_t (&sacc)[64], uint32_
 #endif
   split_rows(z, r);
   const float rs0 = tree_sum<32>(r[0]), rs1 = tree_sum<32>(r[1]);
-  if constexpr (TURN) turn_pass<NWG>(wg, rs0 + rs1, lane);  // every exp done: pass the turn
   l_i[0] = fmaf(l_i[0], alpha[0], rs0);  // per-thread partial row sums (quad-reduced at the end)
   l_i[1] = fmaf(l_i[1], alpha[1], rs1);
   m_i[0] = mn0;
@@ -641,21 +584,14 @@ __global__ void __launch_bounds__(threads<D>(), 1)
   using L = Layout<D, STAGES>;
   constexpr bool kPP = D == 64 ? SAGE_PINGPONG64 : (CAUSAL ? SAGE_PINGPONG128C : SAGE_PINGPONG128);
   constexpr int kBM = block_m<D>(), kCW = 4 * consumer_wgs<D>();  // rows, consumer warps
-  constexpr bool kSplit = D == 64 && SAGE_SPLIT64 && !kPP;
   constexpr int kNwg = consumer_wgs<D>();
-  // the exp ring (it sits in SAGE_KGROUP's softmax: without grouped K scales, no ring)
-  static_assert(SAGE_EXPTURN64 == 0 || SAGE_EXPTURN64 == 1, "SAGE_EXPTURN64: 0 or 1");
-  static_assert(SAGE_EXPTURN64C == 0 || SAGE_EXPTURN64C == 1, "SAGE_EXPTURN64C: 0 or 1");
-  constexpr bool kTurn = D == 64 && !kPP && SAGE_KGROUP && (CAUSAL ? SAGE_EXPTURN64C : SAGE_EXPTURN64);
   constexpr bool kRing =
-      D == 64 && (CAUSAL ? SAGE_RING64C : SAGE_RING64) && consumer_wgs<D>() == 3 && !kPP && !kTurn && !kSplit;
+      D == 64 && (CAUSAL ? SAGE_RING64C : SAGE_RING64) && consumer_wgs<D>() == 3 && !kPP;
   constexpr bool kMagic = s_magic_on<D, CAUSAL>();
   constexpr bool kLag = pv_lag_on<D, CAUSAL>();
-  static_assert(!(kLag && kSplit), "SAGE_PVLAG and SAGE_SPLIT64 exclude each other");
   constexpr int kKrLoop = D == 64 ? SAGE_KRLOOP64 : SAGE_KRLOOP128;
   static_assert(kKrLoop == 0 || kKrLoop == 2, "SAGE_KRLOOP64 / SAGE_KRLOOP128: 0 or 2");
-  static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP) || (consumer_wgs<D>() == 4 && kSplit),
-                "2 warpgroups, 3 without ping-pong, or 4 with split waits");
+  static_assert(consumer_wgs<D>() == 2 || (consumer_wgs<D>() == 3 && !kPP), "2 warpgroups, or 3 without ping-pong");
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + L::kQ;
@@ -702,7 +638,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
       mbar_init(&v_full[s], 1);
       mbar_init(&empty[s], kCW);
     }
-    if (kTurn) turn_zero = 0.f;
     if (kMagic)
       for (int i = 0; i < 4; ++i) s_magic[i] = 0x4B400000u;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -741,9 +676,9 @@ __global__ void __launch_bounds__(threads<D>(), 1)
 
   // consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs<D>()));
-  // (with the exp ring, SAGE_PVLAG or SAGE_WGSHFL, the warpgroup index through a shuffle from lane 0: ptxas then
-  // treats it as warp-uniform, and what derives from it (Q's descriptor, the barrier ids) lives in uniform registers)
-  const int wg = kTurn || kLag || SAGE_WGSHFL ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
+  // (with SAGE_PVLAG or SAGE_WGSHFL, the warpgroup index through a shuffle from lane 0: ptxas then treats it as
+  // warp-uniform, and what derives from it (Q's descriptor, the barrier ids) lives in uniform registers)
+  const int wg = kLag || SAGE_WGSHFL ? __shfl_sync(0xffffffffu, warp / 4, 0) : warp / 4;
   const int w = warp % 4, g = lane / 4, t = lane % 4;
   const int r0 = m0 + wg * 64 + w * 16 + g;  // this thread's rows: r0, r0 + 8
   const float* qs = p.qs + static_cast<size_t>(bh) * p.lq;
@@ -785,7 +720,6 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     }
     if (wg == 1) named_arrive<kPP>(1);
     if (wg == kNwg - 1) named_arrive<kRing>(6);
-    if constexpr (kTurn) turn_pass<kNwg>(wg, 0.f, lane, wg == kNwg - 1);  // warpgroup 0 has the first turn
     named_sync<kPP>(my_bar);
     ring_wait<kRing>(wg);
     if constexpr (kMagic) s_magic_fill(sacc);
@@ -822,8 +756,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
           if (j > 0) mbar_arrive_one(&empty[(j + STAGES - 1) % STAGES]);  // that tile's stage is free
           fold_tile<D>(o, ot_lag, alpha);
         };
-        softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa_lag, m_i, l_i, alpha, ss + s * kBN, edge, n0,
-                                                             kr.x, kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg, fold_prev);
+        softmax_tile<CAUSAL, KR, kEdge, kMagic>(sacc, pa_lag, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0,
+                                                p.coff, qsc0, qsc1, t, lane, fold_prev);
         if constexpr (kMagic) s_magic_fill(sacc);
         const bool more = j + 1 < n_tiles;
         const int s1 = more ? (j + 1) % STAGES : s;
@@ -845,34 +779,14 @@ __global__ void __launch_bounds__(threads<D>(), 1)
         return;
       }
       uint32_t pa[4][4];
-      softmax_tile<CAUSAL, KR, kEdge, kNwg, kTurn, kMagic>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x,
-                                                           kr.y, r0, p.coff, qsc0, qsc1, t, lane, wg, [] {});
-      if constexpr (kMagic && !kSplit) s_magic_fill(sacc);  // (S's registers are free from here)
+      softmax_tile<CAUSAL, KR, kEdge, kMagic>(sacc, pa, m_i, l_i, alpha, ss + s * kBN, edge, n0, kr.x, kr.y, r0,
+                                              p.coff, qsc0, qsc1, t, lane, [] {});
+      if constexpr (kMagic) s_magic_fill(sacc);  // (S's registers are free from here)
       // the turn: PV of this tile, then S of the next one (on the last tile S is recomputed on this tile's
       // K, which this warpgroup still holds, and dropped: no wgmma may sit in a conditional, see above)
       const bool more = j + 1 < n_tiles;
       const int s1 = more ? (j + 1) % STAGES : s;
       float ot[D / 2];  // fresh tensor-core accumulator of this tile (scale-d 0 on the first wgmma)
-      if constexpr (kSplit) {  // PV, wait, fold; then S of the next tile, wait (no wgmma in flight between)
-        mbar_wait(&v_full[s], parity);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 32; ++kk)
-          wgmma_pv<D>(ot, pa[kk], smem_desc<128>(sv + s * L::kVBytes) + 2 * kk, kk);
-        wg_commit();
-        wg_wait0();
-        reg_fence(ot);
-        mbar_arrive_one(&empty[s]);  // S of this tile and its PV are done with the stage
-        fold_tile<D>(o, ot, alpha);
-        if (more) mbar_wait(&k_full[s1], ((j + 1) / STAGES) & 1);
-        if constexpr (kMagic) s_magic_fill(sacc);  // (after PV: not live beside its operands)
-        wg_fence();
-        issue_s<D, kMagic>(sacc, dq, sk + s1 * L::kKBytes);
-        wg_commit();
-        wg_wait0();
-        reg_fence(sacc);
-        return;
-      }
       named_sync<kPP>(my_bar);
       ring_wait<kRing>(wg);
       mbar_wait(&v_full[s], parity);
@@ -903,10 +817,8 @@ __global__ void __launch_bounds__(threads<D>(), 1)
     } else {
       for (int j = 0; j < n_tiles; ++j) tile(j, EdgeMask<2>{});
     }
-    // the exp ring: every turn is passed on unconditionally (a predicate on the tile index inside the loop
-    // made ptxas move the loop's uniform arithmetic to vector registers); warpgroup 0 takes the last
-    // warpgroup's final pass here, so that no barrier is left with an arrival
-    if (kTurn && wg == 0) turn_wait(0);
+    // the tensor-core ring: warpgroup 0 takes the last warpgroup's final pass here, so that no barrier is left
+    // with an arrival
     if (wg == 0) named_sync<kRing>(6);
     if constexpr (kLag) {  // the last tile's PV
       wg_wait0();

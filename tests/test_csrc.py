@@ -1,7 +1,7 @@
 """csrc/ on a CPU machine: the sm90 int8_fp8 kernel compiles with a plain ``nvcc -c`` for sm_90a (a CPU-only
 torch cannot link the extension, so compile only), its SASS holds the INT8 (IGMMA) and FP8 (QGMMA) wgmma
 instructions, bounded local-memory traffic, S's magic start (no int32 -> fp32 conversion) and, where its knobs
-ask for it, the hd64 exp ring, PV's lag into the next softmax and the three-input integer row max, and the
+ask for it, the hd64 tensor-core ring, PV's lag into the next softmax and the three-input integer row max, and the
 Python side falls back to the Triton core, with the reason, when the extension cannot be built. Skipped with a
 note where nvcc is absent."""
 import json
@@ -36,22 +36,19 @@ def background_builds(item):
 LAG = "-DSAGE_PVLAG=7 -DSAGE_WG64=2"  # PV lagging into the next softmax (hd64 with two warpgroups: no spills)
 
 
-@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", "-DSAGE_SPLIT64=1",
-                                        "-DSAGE_EXPTURN64=1 -DSAGE_EXPTURN64C=1", LAG, "-DSAGE_WGSHFL=0 -DSAGE_IMAX=0"])
+@pytest.fixture(scope="module", params=["default", "-DSAGE_KPERM=0 -DSAGE_STAGES128=3", LAG,
+                                        "-DSAGE_WGSHFL=0 -DSAGE_IMAX=0"])
 def compiled(request):
     """(nvcc's run, the object, the knobs) of the build of the knobs ``request.param``."""
     return builds.nvcc_result("int8_fp8", request.param)
 
 
 # The hd64 kernels run three consumer warpgroups at 160 registers (SAGE_WG64=3, 18 % faster on the H200 than
-# two, benchmarks/results/cuda_variants_run14_*). The causal ones spill a few scalars there: 16 bytes with the
-# default knobs, 4 / 8 with the exp-turn ring (SAGE_EXPTURN64C; its first form, whose predicated last pass put
-# the loop's uniform arithmetic in vector registers, spilled 32), 36 with SAGE_KPERM=0; the non-causal ones
-# nothing since S's magic start (SAGE_SMAGIC; 4 bytes before); bounded here so that growth is caught. The
-# hd128 kernels spill nothing, nor does any kernel with SAGE_SPLIT64=1 (PV waited before the next S: 7 %
-# slower at hd64 causal 16K and at 4K, benchmarks/results/cuda_variants_run15_*). The key-range kernels
-# (KR: mask_structure's masks) are held to the same bounds; the kernels without masks are instruction for
-# instruction those before KR existed (offline SASS diff).
+# two, benchmarks/results/cuda_variants_run14_*). The causal ones spilled a few scalars there (16 bytes before
+# the uniform warpgroup index below), 36 with SAGE_KPERM=0; the non-causal ones nothing since S's magic start
+# (SAGE_SMAGIC; 4 bytes before); bounded here so that growth is caught. The hd128 kernels spill nothing. The
+# key-range kernels (KR: mask_structure's masks) are held to the same bounds; the kernels without masks are
+# instruction for instruction those before KR existed (offline SASS diff).
 # SAGE_PVLAG keeps PV's accumulator and operand live through the next row max: 0-4 bytes at hd128 (with the
 # warpgroup index warp-uniform, which it implies); at hd64 it comes with two warpgroups (SAGE_WG64=2, 240
 # registers), which spill nothing. SAGE_WGSHFL (the uniform index, default since run 84): no kernel spills with the
@@ -65,9 +62,9 @@ def _spill_limit(knobs: str, d: str, causal: bool) -> int:
         return 8 if d == "128" else 0
     if "SAGE_KPERM=0" in knobs and d == "64":
         return 40
-    if "SAGE_WGSHFL=0" not in knobs and "SAGE_EXPTURN64" not in knobs:
+    if "SAGE_WGSHFL=0" not in knobs:
         return 0
-    return HD64_SPILL_BYTES[causal] if d == "64" and "SAGE_SPLIT64=1" not in knobs else 0
+    return HD64_SPILL_BYTES[causal] if d == "64" else 0
 
 
 def _tile_loops(f: str) -> list:
@@ -127,7 +124,7 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
         assert local <= (12 if _spill_limit(knobs, d, causal == "1") else 0), (knobs, name, local)
         # asynchronous: the wgmmas of a turn are issued back to back, one wait for the first S and one for
         # PV + next S in each tile loop (SAGE_EDGELOOP; a key range's first tile at hd128 one more), two with
-        # SAGE_SPLIT64 or SAGE_PVLAG (a serialized kernel waits after every wgmma: 20+ waits)
+        # SAGE_PVLAG (a serialized kernel waits after every wgmma: 20+ waits)
         lag = "SAGE_PVLAG=7" in knobs
         assert len(re.findall(r"WARPGROUP\.DEPBAR", f)) <= (8 if lag else 5), name
         loops = _tile_loops(f)
@@ -140,7 +137,7 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
                 assert [w.split()[-1] for w in waits] == ["0x0", "0x1"], (name, waits)
                 assert sum(i < at[0] for i in maxes) >= 0.7 * len(maxes), name
             else:
-                assert len(waits) <= 1 + ("SAGE_SPLIT64=1" in knobs), (name, waits)
+                assert len(waits) <= 1, (name, waits)
             # SAGE_IMAX: the row maxima on the logits' bits, three inputs a step (15 VIMNMX3 a row); without
             # it, two-input float maxima (31 FMNMX a row)
             three = sum(t.startswith("VIMNMX3") for t in body)
@@ -148,22 +145,11 @@ def test_sass_has_int8_and_fp8_wgmma(compiled):
                 assert three >= 30 and len(maxes) <= 40, (name, three, len(maxes))
             else:
                 assert three == 0 and len(maxes) >= 62, (name, len(maxes))
-        # the exp ring (SAGE_EXPTURN64 / SAGE_EXPTURN64C, off by default; hd64 kernels with grouped K scales): in
-        # each tile loop every exp of the tile sits between the warpgroup's wait for its turn and its pass
-        # (ptxas moves register-only instructions across barriers; the ring holds through shared-memory
-        # dependencies) (hd128's ping-pong uses named barriers too: only hd64, which has no ping-pong, is checked)
-        turns = re.findall(r"BAR\.SYNC\.DEFER_BLOCKING R\d+, 0x100 ;(.*?)BAR\.ARV R\d+, 0x100 ;", f, re.S)
-        ring = "-DSAGE_EXPTURN64C=1" if causal == "1" else "-DSAGE_EXPTURN64=1"
-        if d == "64" and ring in knobs.split() and "SAGE_KPERM=0" not in knobs:
-            assert turns and all(len(re.findall(r"MUFU\.EX2", x)) >= 64 for x in turns), (knobs, name)
-        elif d == "64":
-            assert not turns, (knobs, name)
         # the tensor-core ring of the three hd64 warpgroups (SAGE_RING64C, on by default for causal; SAGE_RING64 for
         # the rest): in each tile loop one predicated wait at each of barriers 6-8, then every wgmma of the loop,
         # then one predicated pass to each; no such barrier in the other kernels
         knob_on = "-DSAGE_RING64=1" in knobs.split() if causal == "0" else "-DSAGE_RING64C=0" not in knobs.split()
-        excluded = any(k in knobs for k in ("SAGE_EXPTURN64", "SAGE_SPLIT64=1", "SAGE_WG64=2"))  # (no ring there)
-        ring_on = d == "64" and knob_on and not excluded
+        ring_on = d == "64" and knob_on and "SAGE_WG64=2" not in knobs  # (no ring with two warpgroups)
         for body in loops:
             syncs = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.SYNC\.DEFER_BLOCKING 0x[678], 0x100", t)]
             passes = [i for i, t in enumerate(body) if re.match(r"@!?P\d BAR\.ARV 0x[678], 0x100", t)]
