@@ -302,6 +302,13 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
         tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
 
 
+# L2_ORDER: :func:`token_stats` runs K's statistics programs last and :func:`quantize` quantizes K first, its
+# programs in reverse order (the last heads' and tokens' tiles first), so that its first reads find the tiles the
+# statistics read last still in L2 (up to ~50 MB of K's second read at 16K tokens). The same values either way.
+# Not yet timed on a GPU (no machine could be started in the session that wrote it): off.
+L2_ORDER = False
+
+
 def _block_d(d: int) -> int:
     return max(16, pow2(d))
 
@@ -357,13 +364,15 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     max (max |k - mean| comes from them), Q and V only their largest magnitude (one accumulator)."""
     b, hkv, nk, d = k_hnd.shape
     rescale, do_v = q_hnd is not None, v_hnd is not None
-    specs = {}  # K's programs last (their order changes no bits: each writes its own partials)
+    specs = {}  # (the programs' order changes no bits: each writes its own partials)
+    if mean is None or rescale:
+        specs["k"] = (k_hnd, mean is None, 1 if rescale else 0)
     if rescale:
         specs["q"] = (q_hnd, False, 2)
     if do_v:
         specs["v"] = (v_hnd, False, 2)
-    if mean is None or rescale:
-        specs["k"] = (k_hnd, mean is None, 1 if rescale else 0)
+    if L2_ORDER and "k" in specs:  # K's programs last
+        specs["k"] = specs.pop("k")
     parts = dict(zip(specs, chan_stats(*specs.values()))) if specs else {}
     none = (None, None, None, 1)
     ksum, kmin, kmax, sk = parts.get("k", none)
@@ -395,9 +404,6 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 # (run 56: 4096 and 64 were slower at CogVideoX 16K, 0.180 vs 0.167 ms, and equal at Flux, 0.285 vs 0.287;
 # run 57: K's 168 registers at hd128 are not what limits it: 16 warps, or each tile read in 2 or 4 channel
 # slices (fewer registers, more programs per SM), made the op 0.285 -> 0.30-0.37 ms at Flux 16K)
-
-
-REVERSE_K = True  # :func:`quantize`'s K pass in reverse program order
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
@@ -445,12 +451,16 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
     The token reductions of Q, K and V in one :func:`token_stats` (the K mean, with ``channel_rescale``
-    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s).
-    K's pass comes first and takes its tiles in the reverse of the statistics' order, whose last programs
-    read K: its first reads find the statistics' last tiles of K still in L2."""
+    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s);
+    with :data:`L2_ORDER` K's pass first, in the reverse of the statistics' order."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     mean, s, vs = token_stats(q if channel_rescale else None, k, v)
-    k8, ks = quant_rows_int8(k, mean, s if channel_rescale else None, 2, k_groups=True, reverse=REVERSE_K)
+    quant_k = lambda: quant_rows_int8(k, mean, s if channel_rescale else None, 2, k_groups=True,  # noqa: E731
+                                      reverse=L2_ORDER)
+    if L2_ORDER:
+        k8, ks = quant_k()
     q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
+    if not L2_ORDER:
+        k8, ks = quant_k()
     v8, vs = quant_v_fp8(v, vs)
     return q8, qs, k8, ks, v8, vs
