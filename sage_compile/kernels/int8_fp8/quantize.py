@@ -455,8 +455,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     with :data:`L2_ORDER` K's pass first, in the reverse of the statistics' order."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     mean, s, vs = token_stats(q if channel_rescale else None, k, v)
-    quant_k = lambda: quant_rows_int8(k, mean, s if channel_rescale else None, 2, k_groups=True,  # noqa: E731
-                                      reverse=L2_ORDER)
+    # (s is None without channel_rescale)
+    quant_k = lambda: quant_rows_int8(k, mean, s, 2, k_groups=True, reverse=L2_ORDER)  # noqa: E731
     if L2_ORDER:
         k8, ks = quant_k()
     q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
