@@ -57,9 +57,10 @@
 #ifndef SAGE_WG128
 #define SAGE_WG128 2
 #endif
-// SAGE_RING64 / SAGE_RING64C 1 (hd64 non-causal / causal; three consumer warpgroups, no ping-pong): the warpgroups take turns at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn
-// issuing the warpgroup's wgmmas as the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its
-// loop. 0: they run freely. Run 150 (H100, cuda_variants_run150_*, TOPS, same outputs): causal 16K 609 vs 590, causal
+// SAGE_RING64 / SAGE_RING64C 1 (hd64 non-causal / causal; three consumer warpgroups, no ping-pong): the warpgroups
+// take turns at the tensor cores in a ring (named barriers 6-8: 0, 1, 2, 0, ...), each turn issuing the warpgroup's
+// wgmmas as the ping-pong's does; warpgroup 0 takes the last warpgroup's final pass after its loop. 0: they run
+// freely. Run 150 (H100, cuda_variants_run150_*, TOPS, same outputs): causal 16K 609 vs 590, causal
 // 4K 457 vs 450; non-causal 16K 642 vs 646, 8K 629 vs 632, 4K 559 vs 560 (within the spread), so on for causal only
 // (run 149 with the ids in registers, which spilled 8-24 bytes: causal 16K 605 vs 582, non-causal the same).
 #ifndef SAGE_RING64
@@ -116,15 +117,16 @@
 #define SAGE_SMAGIC 7
 #endif
 
-// SAGE_PVLAG (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones): PV of tile j completes while the softmax of tile j + 1 takes its row maxima. The turn at the
-// tensor cores issues S of the next tile first and PV of this one after it, in two commit groups; the
-// warpgroup waits for S alone (wait_group 1) and starts the next softmax; once that softmax has its row maxima
-// it waits for PV (wait_group 0) and folds it into O with the previous factors, which alpha still holds. The
-// same arithmetic in the same order for every element: outputs identical to the default build's. The PV
-// accumulator and P~'s fragments (PV's operand) stay live through the row max: at hd64 with three warpgroups
-// (160 registers) ptxas then spills 64-216 bytes, so hd64 pairs it with SAGE_WG64=2 (240 registers: no spill);
-// hd128 spills 0-4 bytes (with the warpgroup index warp-uniform, as SAGE_WGSHFL; 12-36 without). Placed later
-// (after the exps), the wait made every hd128 kernel spill ~100 bytes. Off by default: not yet timed on the H200.
+// SAGE_PVLAG (bits: 1 the non-causal hd64 kernels, 2 the causal hd64 ones, 4 the hd128 ones): PV of tile j
+// completes while the softmax of tile j + 1 takes its row maxima. The turn at the tensor cores issues S of the next
+// tile first and PV of this one after it, in two commit groups; the warpgroup waits for S alone (wait_group 1) and
+// starts the next softmax; once that softmax has its row maxima it waits for PV (wait_group 0) and folds it into O
+// with the previous factors, which alpha still holds. The same arithmetic in the same order for every element:
+// outputs identical to the default build's. The PV accumulator and P~'s fragments (PV's operand) stay live through
+// the row max: at hd64 with three warpgroups (160 registers) ptxas then spills 64-216 bytes, so hd64 pairs it with
+// SAGE_WG64=2 (240 registers: no spill); hd128 spills 0-4 bytes (with the warpgroup index warp-uniform, as
+// SAGE_WGSHFL; 12-36 without). Placed later (after the exps), the wait made every hd128 kernel spill ~100 bytes.
+// Off by default: not yet timed on the H200.
 #ifndef SAGE_PVLAG
 #define SAGE_PVLAG 0
 #endif
