@@ -113,13 +113,21 @@ def test_div_by_is_the_ieee_quotient_near_every_tie():
     assert int((torch.round(want) != torch.round(x.double() * (1 / s.double())).float()).sum()) > 0  # ties were hit
 
 
-def test_prologue_token_stats_over_several_chunks():
+def _small_chunks(monkeypatch) -> int:
+    """Statistics chunks of 128 tokens here (one unrolled step of 4 tiles at hd64; 256 in the package up to
+    8K tokens): the chunk logic with half the tokens through the interpreter."""
+    c = 128
+    assert c == KQ.STATS_UNROLL * min(64, KQ.STATS_TILE // 64) and c < KQ.stats_chunk(1)
+    monkeypatch.setattr(KQ, "stats_chunk", lambda n: c)
+    return c
+
+
+def test_prologue_token_stats_over_several_chunks(monkeypatch):
     """Token reductions split over chunks of stats_chunk(N) tokens (a ragged last one): the mean agrees with
     torch's to rounding, the rest of the prologue (channel factors, V scales, every value) is the
     reference's bits given that mean; NaN poisons exactly its channel's V scale and K's factor is 1."""
-    c = KQ.stats_chunk(600)
+    c = _small_chunks(monkeypatch)
     lk = 2 * c + 77
-    assert KQ.stats_chunk(lk) == c
     q, k, v = _inputs(lq=70, lk=lk)
     k[0, 1, lk - 3, 5] = 500.0  # an outlier in the last (ragged) chunk
     v[0, 0, c + 1, 9] = -300.0  # V's amax in the middle chunk, negative
@@ -146,14 +154,14 @@ def test_prologue_token_stats_over_several_chunks():
     assert s[0, 0, 7] == 1 and torch.isfinite(s).all()
 
 
-def test_prologue_statistics_over_batches_and_query_head_groups():
+def test_prologue_statistics_over_batches_and_query_head_groups(monkeypatch):
     """The statistics' partials reach the right (batch, kv head) in the finalize: with two batches, three query
     heads per kv head and Q and K over different chunk counts, an outlier in the last chunk of the last query
     head of a group, and one of V's, land in that unit's factors and scales only; the K mean alone
     (``k_mean``) and the factors for a given mean (``channel_scales``) are the same bits as the full
     prologue's. (Written for run 99's finalize inside the statistics launch, each unit's last program
     counted by an atomic; kept for the separate finalize.)"""
-    c = KQ.stats_chunk(600)
+    c = _small_chunks(monkeypatch)
     q, k, v = _inputs(b=2, hq=6, hkv=2, lq=c + 5, lk=2 * c + 77)
     q[1, 5, c + 2, 11] = 90.0  # batch 1, query head 5 (kv head 1), Q's last chunk
     v[1, 0, 2 * c + 70, 4] = -200.0  # batch 1, kv head 0, V's last chunk
@@ -217,10 +225,10 @@ def test_prologue_with_channel_rescale_bit_identical():
     pytest.param(dict(lq=150, lk=130, pad=[0, 0], causal=False), 2, marks=pytest.mark.slow),
 ])
 def test_llm_masks_take_the_structured_path(case, flag):
-    b = len(case["pad"])
-    qt = KQ.quantize(*_inputs(b=b, lq=case["lq"], lk=case["lk"]))
+    b = len(case["pad"])  # two query heads on one kv head: the masks are per batch, heads only cost interpreter time
+    qt = KQ.quantize(*_inputs(b=b, hq=2, hkv=1, lq=case["lq"], lk=case["lk"]))
     mask = llm_mask(b, **case)
-    f, _ = KA.mask_structure(mask.view(torch.uint8).expand(b, 4, case["lq"], case["lk"]), case["lq"], case["lk"])
+    f, _ = KA.mask_structure(mask.view(torch.uint8).expand(b, 2, case["lq"], case["lk"]), case["lq"], case["lk"])
     assert f.item() == flag
     fast = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64))
     read = KA.attention(*qt, mask, "none", None, "HND", torch.float32, config=dict(BLOCK_M=64), detect_mask=False)
