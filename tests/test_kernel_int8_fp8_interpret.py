@@ -47,20 +47,6 @@ def test_prologue_bit_identical(d):
     assert v8.shape[-1] == 144 and v8.is_contiguous() and torch.equal(pad, torch.zeros_like(pad))
 
 
-def test_prologue_l2_order_gives_the_same_bits(monkeypatch):
-    """L2_ORDER (K's statistics last, K quantized first with its programs in reverse order) changes only the
-    order the tiles are visited in: every output is the default order's, over batches, heads and K tiles (a
-    ragged last one), with the channel factors (all three tensors' statistics)."""
-    q, k, v = _inputs(b=2, hq=2, hkv=2, lq=16, lk=260, d=16)
-    k[1, 1, 259, 4] = 50.0  # an outlier in the last, ragged K tile of the last head
-    monkeypatch.setattr(KQ, "L2_ORDER", False)
-    want = KQ.quantize(q, k, v, "HND", True)
-    monkeypatch.setattr(KQ, "L2_ORDER", True)
-    got = KQ.quantize(q, k, v, "HND", True)
-    for a, b in zip(got, want):
-        assert torch.equal(bits(a), bits(b))
-
-
 def test_prologue_bit_identical_on_both_division_paths():
     """Tiles whose scales are in div_by's range divide through reciprocals, the others (a row with a
     scale below 2^-60, an infinite row, a NaN) with IEEE divisions: the reference's bits either way, -0.0

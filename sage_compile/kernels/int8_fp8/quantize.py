@@ -86,19 +86,13 @@ def _max_nan(a, b):
 @triton.jit
 def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
                      HAS_MEAN: tl.constexpr, CH_MODE: tl.constexpr, KGROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr, REVERSE: tl.constexpr = False):
+                     BLOCK_D: tl.constexpr, EMULATE: tl.constexpr):
     """Per-token INT8 of rows of x (optionally x - mean, then x·s or x/s per channel: CH_MODE 1 / 2,
     s of shape (B, H // GROUP, D)). KGROUP (BLOCK_N = 128, one 128-key tile): the scales tied in the
     groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
     group t). Divisions through the divisors' reciprocals (:func:`div_by`, exact) unless a divisor of the
-    tile is out of its range (then IEEE divisions: the same bits, slower). REVERSE: the programs take the
-    (batch·head, token block) pairs from the last to the first (see :func:`quantize`)."""
-    if REVERSE:
-        x, bh, b, h, rn, rd, inb = token_tile_at(X, tl.num_programs(1) - 1 - tl.program_id(1),
-                                                 tl.num_programs(0) - 1 - tl.program_id(0), sxb, sxh, sxn, sxd,
-                                                 H, N, D, BLOCK_N, BLOCK_D)
-    else:
-        x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    tile is out of its range (then IEEE divisions: the same bits, slower)."""
+    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
@@ -302,13 +296,6 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
         tl.store(VS + bhk * D + rd, tl.math.div_rn(amax, tl.full((BLOCK_D,), 448.0, tl.float32)), mask=m)
 
 
-# L2_ORDER: :func:`token_stats` runs K's statistics programs last and :func:`quantize` quantizes K first, its
-# programs in reverse order (the last heads' and tokens' tiles first), so that its first reads find the tiles the
-# statistics read last still in L2 (up to ~50 MB of K's second read at 16K tokens). The same values either way.
-# Not yet timed on a GPU (no machine could be started in the session that wrote it): off.
-L2_ORDER = False
-
-
 def _block_d(d: int) -> int:
     return max(16, pow2(d))
 
@@ -364,15 +351,13 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     max (max |k - mean| comes from them), Q and V only their largest magnitude (one accumulator)."""
     b, hkv, nk, d = k_hnd.shape
     rescale, do_v = q_hnd is not None, v_hnd is not None
-    specs = {}  # (the programs' order changes no bits: each writes its own partials)
+    specs = {}
     if mean is None or rescale:
         specs["k"] = (k_hnd, mean is None, 1 if rescale else 0)
     if rescale:
         specs["q"] = (q_hnd, False, 2)
     if do_v:
         specs["v"] = (v_hnd, False, 2)
-    if L2_ORDER and "k" in specs:  # K's programs last
-        specs["k"] = specs.pop("k")
     parts = dict(zip(specs, chan_stats(*specs.values()))) if specs else {}
     none = (None, None, None, 1)
     ksum, kmin, kmax, sk = parts.get("k", none)
@@ -407,12 +392,11 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
-                    channel_mode: int = 0, k_groups: bool = False, reverse: bool = False):
+                    channel_mode: int = 0, k_groups: bool = False):
     """Per-token INT8 of ``x - mean`` (B, H, N, D) -> (int8 (B,H,N,D), fp32 scales (B,H,N)); with
     ``channel`` (B, Hc, D) fp32 (Hc divides H) the rows are first multiplied (``channel_mode=1``) or
     divided (2) by it per channel. ``k_groups``: the scales tied in K's groups
-    (:func:`sage_compile.reference.quant.quant_int8_k_groups`). ``reverse``: the last heads' and tokens'
-    programs first (the same values)."""
+    (:func:`sage_compile.reference.quant.quant_int8_k_groups`)."""
     b, h, n, d = x_hnd.shape
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
@@ -422,7 +406,7 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     _quant_rows_int8[_grid_rows(n, b * h, block_n)](
         x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
         h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
-        KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8, REVERSE=reverse,
+        KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
         num_warps=8 if k_groups and block_d >= K_WIDE_D else 4)
     return y, s
 
@@ -451,16 +435,13 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
     The token reductions of Q, K and V in one :func:`token_stats` (the K mean, with ``channel_rescale``
-    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s);
-    with :data:`L2_ORDER` K's pass first, in the reverse of the statistics' order."""
+    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s).
+    (Tried and dropped, code at 295bc0b: K's statistics last and K's pass first in reverse program order, so
+    that its first tiles would still be in L2; the same bits, 0.7-2.9 % slower at CogVideoX 16K and Flux 4K / 16K,
+    2 % faster at CogVideoX 4K: H100 run 153, ``benchmarks/results/prologue_run153_fd9c6b8_h100.log``.)"""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     mean, s, vs = token_stats(q if channel_rescale else None, k, v)
-    # (s is None without channel_rescale)
-    quant_k = lambda: quant_rows_int8(k, mean, s, 2, k_groups=True, reverse=L2_ORDER)  # noqa: E731
-    if L2_ORDER:
-        k8, ks = quant_k()
     q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
-    if not L2_ORDER:
-        k8, ks = quant_k()
+    k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True)  # (s is None without channel_rescale)
     v8, vs = quant_v_fp8(v, vs)
     return q8, qs, k8, ks, v8, vs
