@@ -50,15 +50,13 @@ class _Sm90Driver:
         return 0
 
 
-def generate(model: str, n: int, variant: str) -> str:
-    """The Inductor wrapper code (kernels included) of ``model``'s block at ``n`` tokens under ``variant``."""
+def generate(m: torch.nn.Module, kw: dict, variant: str) -> str:
+    """The Inductor wrapper code (kernels included) of block ``m`` called with ``kw`` under ``variant``."""
     import sage_compile
-    from bench_block import build
     from torch._inductor.graph import GraphLowering
 
     codes = []
     GraphLowering.save_output_code = staticmethod(codes.append)
-    m, kw, _, _ = build(model, n, "cpu")
     backend = "inductor" if variant == "base" else sage_compile.make_backend(kernel="int8_fp8", prologue=variant)
     torch._dynamo.reset()
     try:
@@ -110,12 +108,12 @@ def main():
 
     for model in a.models.split(","):
         for n in (int(s) for s in a.n.split(",")):
-            _, kw, heads, hd = build(model, n, "cpu")
+            m, kw, heads, hd = build(model, n, "cpu")
             tokens = n + kw["encoder_hidden_states"].shape[1] if "encoder_hidden_states" in kw else n
             numel = tokens * heads * hd
             base_mb = None
             for variant in a.variants.split(","):
-                code = generate(model, n, variant)
+                code = generate(m, kw, variant)
                 if a.dump:
                     os.makedirs(a.dump, exist_ok=True)
                     with open(os.path.join(a.dump, f"{model}_{n}_{variant}.py"), "w") as f:
