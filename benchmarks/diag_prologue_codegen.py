@@ -1,6 +1,6 @@
 """The GPU kernels Inductor generates for an attention block, read on a CPU machine (issue: fused prologue).
 
-    python benchmarks/diag_prologue_codegen.py [--models flux,cogvideox] [--n 1024] [--dump DIR]
+    python benchmarks/diag_prologue_codegen.py [--models flux,cogvideox] [--n 1024] [--variants base,op,graph] [--dump DIR]
 
 Compiles :mod:`bench_block`'s blocks on the CPU with Inductor's Triton backend (``cpu_backend="triton"``)
 and a stand-in Triton driver that names an sm90 target, so Inductor schedules, fuses and writes the same kind
