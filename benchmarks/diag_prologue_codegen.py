@@ -25,66 +25,22 @@ it (Flux 1K: 16 kernels, 310.7 MB, against 15, 273.3 MB; the post-grad graphs id
 from __future__ import annotations
 
 import argparse
-import collections
 import os
-import re
 import sys
 
 import torch
 
+from sage_compile.debug_codegen import fp32_buffers, generated_code, kernels, sm90_codegen
+
 sys.path.insert(0, os.path.dirname(__file__))
-
-
-class _Sm90Driver:
-    """Enough of a Triton driver for Inductor's code generation: the target it compiles for."""
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
 
 
 def generate(m: torch.nn.Module, kw: dict, variant: str) -> str:
     """The Inductor wrapper code (kernels included) of block ``m`` called with ``kw`` under ``variant``."""
     import sage_compile
-    from torch._inductor.graph import GraphLowering
 
-    codes = []
-    GraphLowering.save_output_code = staticmethod(codes.append)
     backend = "inductor" if variant == "base" else sage_compile.make_backend(kernel="int8_fp8", prologue=variant)
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            torch.compile(m, backend=backend)(**kw)
-    except Exception:  # noqa: BLE001 - loading the kernels fails by design once the code exists
-        if not codes:
-            raise
-    return codes[-1]
-
-
-def kernels(code: str) -> list[tuple[str, int, float]]:
-    """``(name, launches per call, MB Inductor estimates)`` of every Triton kernel the wrapper's ``call`` runs."""
-    mb = {m.group(1): 1e3 * float(m.group(2))
-          for m in re.finditer(r"'kernel_name': '(\w+)'.*?'kernel_num_gb': ([0-9.e+-]+)", code)}
-    body = code[code.index("def call(self, args)"):]
-    calls = collections.Counter(re.findall(r"^\s+(triton_\w+)\.run\(", body, re.M))
-    return [(k, c, mb.get(k, float("nan"))) for k, c in calls.items()]
-
-
-def fp32_buffers(code: str, numel: int) -> list[str]:
-    """The wrapper's fp32 allocations of ``numel`` elements (full-size fp32 copies of q, k or v)."""
-    out = []
-    for m in re.finditer(r"(buf\d+) = empty_strided_\w+\(\(([\d, ]+)\), \([\d, ]+\), torch\.float32\)", code):
-        sizes = [int(s) for s in m.group(2).split(",") if s.strip()]
-        if torch.Size(sizes).numel() == numel:
-            out.append(f"{m.group(1)}{tuple(sizes)}")
-    return out
+    return generated_code(m, backend=backend, **kw)
 
 
 def main():
@@ -94,18 +50,17 @@ def main():
     ap.add_argument("--variants", default="base,op,graph")
     ap.add_argument("--dump", default=None, help="write each variant's generated code under this folder")
     a = ap.parse_args()
-    import torch._inductor.config as ic
     import triton
-    from triton.runtime.driver import driver
 
-    ic.cpu_backend = "triton"
-    ic.compile_threads = 1
-    ic.benchmark_kernel = True  # puts kernel_num_gb in every kernel's metadata
-    driver.set_active(_Sm90Driver())
     print(f"torch {torch.__version__}, triton {triton.__version__}: Triton kernels generated for sm90 on the CPU "
           "(not run); MB = Inductor's kernel_num_gb estimate")
     from bench_block import build
 
+    with sm90_codegen():
+        _run(a, build)
+
+
+def _run(a, build):
     for model in a.models.split(","):
         for n in (int(s) for s in a.n.split(",")):
             m, kw, heads, hd = build(model, n, "cpu")
