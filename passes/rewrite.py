@@ -52,16 +52,20 @@ def _scale_arg(graph: fx.Graph, site: Site, emit):
 GRAPH_PROLOGUE_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")  # the schemes whose sites call _prologue
 
 
+def _reference_prologue(scheme: str):
+    import importlib
+
+    return importlib.import_module(f"sage_compile.reference.{scheme}").quantize
+
+
 def graph_prologue_functions() -> list:
     """The Python functions the rewrite may put in a graph as the graph prologue (one per scheme)."""
-    from sage_compile.graph_prologue import for_scheme
-
-    return [for_scheme(s) for s in GRAPH_PROLOGUE_SCHEMES]
+    return [_reference_prologue(s) for s in GRAPH_PROLOGUE_SCHEMES]
 
 
 def _prologue(scheme: str, options, device_type: str, choice=None):
-    """The prologue a site calls: the custom op, or torch code (``graph``: :mod:`sage_compile.graph_prologue`),
-    which AOTAutograd traces into ATen ops that Inductor fuses with q/k/v's producers. ``choice`` (``graph`` |
+    """The prologue a site calls: the custom op, or the reference's torch code (``graph``), which
+    AOTAutograd traces into ATen ops that Inductor fuses with q/k/v's producers. ``choice`` (``graph`` |
     ``op``): the policy's decision for the site; without it, ``options.prologue`` as the policy reads it
     for a site of unknown size (:func:`sage_compile.policy.prologue_for`)."""
     from sage_compile.policy import prologue_for
@@ -69,9 +73,7 @@ def _prologue(scheme: str, options, device_type: str, choice=None):
     if choice is None:
         choice = prologue_for(None, options, scheme, device_type)
     if choice == "graph":
-        from sage_compile.graph_prologue import for_scheme
-
-        return for_scheme(scheme)
+        return _reference_prologue(scheme)
     return getattr(torch.ops.sage_compile, f"quantize_{scheme}").default
 
 

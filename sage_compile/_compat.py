@@ -81,23 +81,10 @@ def graph_prologue_inductor_patches() -> dict:
     Not IEEE division (:func:`inductor_division_rounding_key`): the quantizers' divisions are exact
     without it (:func:`sage_compile.reference.quant.div_rn`: ``addcdiv``, which Inductor lowers with
     ``div_rn``, or fp64 rounded once); the option is graph-global and made the model's own norms
-    (Flux's RMSNorm) divide with ``div_rn`` per element, twice their time on the H200.
-
-    * ``realize_opcount_threshold`` 100 (default 30): Inductor stores every pointwise expression of more
-      ops than this to memory, even one with a single consumer (``has_exceeded_max_reads``), and one with
-      several consumers (``should_realize_on_reuse``). RoPE, the channel factors and the quantizer's
-      division and rounding pass 30, so the smoothed K and Q·s went to memory in fp32 between the statistics
-      and the quantizing kernels (Flux's block at 1K tokens: 15 kernels and 25.9 bytes per q/k/v element
-      more than plain Inductor with 30, 12 and 13.8 with 100: ``benchmarks/diag_prologue_codegen.py``,
-      torch 2.11). The option holds for the whole graph: the model's other expressions of 31 to 100 ops
-      are then recomputed in each consumer instead of stored (the blocks' other kernels were unchanged)."""
+    (Flux's RMSNorm) divide with ``div_rn`` per element, twice their time on the H200."""
     import torch._inductor.config as c
 
-    user = getattr(c, "realize_opcount_threshold", None)  # torch 2.13: None = per device (30 GPU, 50 CPU)
-    out = {"realize_opcount_threshold": max(100, user or 0)}
-    if hasattr(c, "comprehensive_padding"):
-        out["comprehensive_padding"] = False
-    return out
+    return {"comprehensive_padding": False} if hasattr(c, "comprehensive_padding") else {}
 
 
 def aot_cache_patches(functions) -> dict:

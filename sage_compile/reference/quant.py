@@ -205,22 +205,11 @@ def quant_int8_k_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         (any per-token consumer reads them as they are).
     """
     xf = x.float()
-    scale = k_group_scales(int8_token_scales(xf))
-    return _int8_values(xf, scale), scale
-
-
-def int8_token_scales(xf: torch.Tensor) -> torch.Tensor:
-    """Per-row INT8 scales of fp32 ``xf (..., D)``: amax over the last axis / 127, NaN where a row holds a
-    NaN (``(...)``; :func:`quant_int8`'s per-token scales)."""
+    n = xf.shape[-2]
     amax = xf.abs().amax(dim=-1)
-    return _div_exact(torch.where(torch.isnan(xf).any(dim=-1), torch.full_like(amax, float("nan")), amax), INT8_MAX)
-
-
-def k_group_scales(tok: torch.Tensor) -> torch.Tensor:
-    """The K group scales of :func:`quant_int8_k_groups` from per-token scales ``tok (..., N)``: one value
-    per key ``(..., N)``, the largest of its group's token scales (exact: the division by 127 is monotone);
-    a NaN poisons its group (NaN > 0 is false: taken by an explicit test)."""
-    n = tok.shape[-1]
+    amax = torch.where(torch.isnan(xf).any(dim=-1), torch.full_like(amax, float("nan")), amax)
+    tok = _div_exact(amax, INT8_MAX)  # the per-token scales (quant_int8's); a group takes their max (exact:
+    # the division is monotone) and a NaN poisons its group (NaN > 0 is false: taken by an explicit test)
     # (..., tiles, 8, 4, 4): within a tile, key 16a + 4t + u sits at [a, t, u]; the group is t. One tile of
     # zeros more than the keys need: the tile count is then at least 2 for every length, so a graph compiled
     # with dynamic shapes has no size-1 case to guard on (it recompiled at the first length past 128)
@@ -229,7 +218,8 @@ def k_group_scales(tok: torch.Tensor) -> torch.Tensor:
     gmax = grid.amax(dim=-1).amax(dim=-2)  # (..., tiles, 4)
     gnan = torch.isnan(grid).any(dim=-1).any(dim=-2)
     gmax = torch.where(gnan, torch.full_like(gmax, float("nan")), gmax)
-    return gmax[..., None, :, None].expand(grid.shape).flatten(-4)[..., :n]
+    scale = gmax[..., None, :, None].expand(grid.shape).flatten(-4)[..., :n]
+    return _int8_values(xf, scale), scale
 
 
 def dequant_int8(vals: torch.Tensor, scale: torch.Tensor, block: int = 1) -> torch.Tensor:
