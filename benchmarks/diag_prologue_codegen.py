@@ -21,6 +21,10 @@ buffers realized and the kernels' loads and stores are those of the SIMD schedul
 The variants compile in one process in the order given, as in ``bench_block.py``: on torch 2.11 the graph
 prologue compiled first in a process came out with one more kernel than when another sage compile preceded
 it (Flux 1K: 16 kernels, 310.7 MB, against 15, 273.3 MB; the post-grad graphs identical; cause not found).
+
+The estimates rank fusion, not speed: a graph prologue that moved 13.8 instead of 25.6 bytes per element here
+(Flux 1K, 3e6dd2c) ran slower on the H200 at 1K, 4K and 16K tokens (run 155; at 16K tokens the GPU's code
+also differs: Inductor splits the token reductions in two kernels each). Time candidates with bench_block.py.
 """
 from __future__ import annotations
 
