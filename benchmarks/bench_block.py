@@ -7,6 +7,7 @@ projection, as diffusers runs them, compiled four ways in one process (issue: fu
     int8_fp8   backend="sage", prologue="graph" (Inductor fuses the quantizer into RoPE/QK-norm) variant "fused"
 
     python benchmarks/bench_block.py --out benchmarks/results/block_h200.json [--models cogvideox,flux] [--n 1024,4096,16384]
+        [--variants default,cudnn,unfused,fused] [--profile-host unfused]
 
 Models: ``cogvideox`` = CogVideoX-2B's ``attn1`` (dim 1920, 30 heads x 64, LayerNorm QK-norm, RoPE on the
 video tokens, 226 text tokens); ``flux`` = Flux's joint ``attn`` (dim 3072, 24 heads x 128, RMSNorm QK-norm,
@@ -15,12 +16,13 @@ RMSNorm across heads, RoPE, no text: 32,760 tokens at 480p x 81 frames); ``hunyu
 ``attn`` (dim 3072, 24 heads x 128, RMSNorm QK-norm, RoPE on the video tokens, 256 text tokens appended, no
 text padding mask). N = image/video tokens; batch 1; bf16.
 
-Per variant: the module's time (``triton.testing.do_bench`` median, ms), and from one profiled iteration
+Per variant: the module's time (``triton.testing.do_bench`` median, ms), its host time per call (``host_ms``:
+enqueue time from an idle GPU; ``--profile-host VARIANTS`` prints cProfile's largest costs), and from one profiled iteration
 its CUDA kernel time split by kernel name into ``gemm`` (projections), ``core`` (the attention kernel) and
 ``other`` (QK-norm, RoPE, the quantization prologue, elementwise); ``attention`` = core + other = what the
 projections do not take; ``prologue`` = other minus the ``cudnn`` variant's other (what the quantization
 adds: its kernels and the producers' extra cost), also as ``prologue_pct`` of the attention part. Also the
-first call's wall time (compile) and the output's cos / rel-L1 vs the ``default`` variant. Records follow
+first call's wall time (compile) and the output's cos / rel-L1 vs the first variant run (``default``). Records follow
 shared/docs/conventions.md with a ``part`` field. ``--dump DIR`` writes the sage variants' Inductor code.
 """
 from __future__ import annotations
@@ -137,6 +139,40 @@ def kernel_split(fn) -> dict:
     return split, names
 
 
+HOST_CALLS = 20  # ~25 launches a call: 500 launches, within CUDA's launch queue (~1024), so enqueueing never waits
+
+
+def host_ms(fn) -> float:
+    """Host time of one call (ms): the mean over HOST_CALLS calls enqueued from an idle GPU, without a sync (what
+    the CPU spends per call; the GPU hides it only where its own time per call is longer)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(HOST_CALLS):
+        fn()
+    t = (time.perf_counter() - t0) * 1e3 / HOST_CALLS
+    torch.cuda.synchronize()
+    return t
+
+
+def host_profile(fn, calls: int = 100, top: int = 25) -> str:
+    """cProfile of ``calls`` calls: the ``top`` functions by their own time."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for i in range(calls):
+        fn()
+        if i % HOST_CALLS == HOST_CALLS - 1:
+            torch.cuda.synchronize()  # (the queue never fills: host time only)
+    pr.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/block_h200.json")
@@ -144,6 +180,8 @@ def main():
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--verbose", action="store_true", help="print every kernel with its class")
     ap.add_argument("--dump", default=None, help="write the Inductor code of each sage variant under this folder")
+    ap.add_argument("--variants", default="default,cudnn,unfused,fused", help="comma list of the variants to run")
+    ap.add_argument("--profile-host", default="", help="comma list of variants: print cProfile's largest host costs")
     a = ap.parse_args()
     import triton
 
@@ -170,6 +208,8 @@ def main():
             m, kw, heads, hd = build(model, n, "cuda")
             ref, base_other = None, None
             for (kernel, variant), (backend, ctx) in variants().items():
+                if variant not in a.variants.split(","):
+                    continue
                 torch._dynamo.reset()
                 c = torch.compile(m, backend=backend)
                 base = dict(kernel=kernel, variant=variant, model=model, seq_len=n, heads=heads, head_dim=hd)
@@ -191,6 +231,9 @@ def main():
                         fn = lambda: c(**kw)  # noqa: E731
                         ms = triton.testing.do_bench(fn, warmup=50, rep=300)
                         split, names = kernel_split(fn)
+                        host = host_ms(fn)
+                        if a.profile_host and variant in a.profile_host.split(","):
+                            print(host_profile(fn), flush=True)
                 except Exception as e:  # a variant that fails is reported, the others still run
                     print(f"{model} N={n} {kernel}/{variant}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
                     rec(**base, metric="failed", value=1, note=f"{type(e).__name__}: {str(e)[:300]}")
@@ -207,7 +250,7 @@ def main():
                 attn = split["core"] + split["other"]
                 if variant == "cudnn":
                     base_other = split["other"]
-                print(f"{model:9s} N={n:6d} {kernel:10s} {variant:8s} {ms:8.3f} ms  compile {compile_s:6.1f} s  "
+                print(f"{model:9s} N={n:6d} {kernel:10s} {variant:8s} {ms:8.3f} ms  host {host:6.3f}  compile {compile_s:6.1f} s  "
                       f"gemm {split['gemm']:.3f} core {split['core']:.3f} other {split['other']:.3f} "
                       f"(attention {attn:.3f})  cos {cos:.5f} rel-L1 {rel:.4f}", flush=True)
                 if a.verbose:
@@ -225,6 +268,7 @@ def main():
                     print(f"      prologue {pro:.3f} ms = {100 * pro / attn:.1f} % of the attention part", flush=True)
                     rec(**base, part="prologue", metric="ms", value=pro)
                     rec(**base, part="prologue", metric="prologue_pct", value=100 * pro / attn)
+                rec(**base, part="block", metric="host_ms", value=host)
                 rec(**base, part="block", metric="compile_s", value=compile_s)
                 rec(**base, part="block", metric="cos", value=cos)
                 rec(**base, part="block", metric="rel_l1", value=rel)
