@@ -11,7 +11,7 @@ swallows that failure.
         code = generated_code(fn, *args, backend="inductor")
     for name, launches, mb in kernels(code): ...
 
-Used by ``benchmarks/diag_prologue_codegen.py`` and the tests of the graph prologue's fusion.
+Used by ``benchmarks/diag_prologue_codegen.py`` and ``tests/test_debug_codegen.py``.
 """
 from __future__ import annotations
 
