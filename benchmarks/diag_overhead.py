@@ -3,7 +3,8 @@
     python benchmarks/diag_overhead.py [--parts graph,overhead,train,train_host]
 
 overhead: the int8_fp8 prologue op / core op / composed op at a small shape (CogVideoX 1K-token block:
-    B=1 H=30 N=1250 D=64): wall time per call (``do_bench``), and the CPU-side profile of the prologue op
+    B=1 H=30 N=1250 D=64): wall time per call (``do_bench``), host time per call through the custom ops and
+    straight into the kernel modules (the op layer's cost), and the CPU-side profile of the prologue op
     (what the host spends per call: the block benchmark saw ~2 ms of host time at 1K).
 train_host: the host time of one int8_train site (SmolLM2's: B=2 Hq=9 Hkv=3 D=64, N=128 so the GPU waits for the
     host): per call of the op's forward, its autograd forward+backward, the backward op, the kernel module's
@@ -61,6 +62,18 @@ def overhead():
         torch.cuda.synchronize()
         print(f"{name:26s} {_bench(fn):7.3f} ms/call (do_bench)   host {host:7.3f} ms/call (50 calls, no sync)",
               flush=True)
+    # the same calls through the dispatcher (the custom ops) and straight into the kernel modules: what the op layer
+    # costs on the host (run 159: torch's custom-op backend_impl took 0.35 ms of own time per call in a Flux block)
+    from sage_compile.kernels.int8_fp8 import attention as KA
+    from sage_compile.kernels.int8_fp8 import quantize as KQ
+
+    for name, via_op, direct in (
+            ("quantize (rescale)", lambda: o.quantize_int8_fp8(q, k, v, "HND", True),
+             lambda: KQ.quantize(q, k, v, "HND", True)),
+            ("core", lambda: o.attention_int8_fp8(*qt, None, "none", None, "HND", torch.bfloat16),
+             lambda: KA.attention(*qt, None, "none", None, "HND", torch.bfloat16))):
+        a, b = _host_ms(via_op), _host_ms(direct)
+        print(f"{name:26s} host ms/call: op {a:.3f}, kernel module {b:.3f} (op layer {a - b:+.3f})", flush=True)
     _prof(lambda: o.quantize_int8_fp8(q, k, v, "HND", True), [ProfilerActivity.CPU], "self_cpu_time_total")
 
 
