@@ -37,7 +37,9 @@ from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, or_sign
 def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's (BLOCK_N tokens, BLOCK_D channels) tile of a strided (B, H, N, D) tensor, as fp32
     (zeros outside), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
-    return token_tile_at(X, tl.program_id(1), tl.program_id(0), sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    bh = tl.program_id(1)
+    b, h, rn, rd, inb = token_tile_index(bh, tl.program_id(0), H, N, D, BLOCK_N, BLOCK_D)
+    return load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd), bh, b, h, rn, rd, inb
 
 
 @triton.jit
@@ -55,13 +57,6 @@ def token_tile_index(bh, blk, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.conste
 def load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd):
     """The fp32 values of X at batch ``b``, head ``h``, tokens ``rn`` x channels ``rd`` (0 where not ``inb``)."""
     return tl.load(X + b * sxb + h * sxh + rn[:, None] * sxn + rd[None, :] * sxd, mask=inb, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def token_tile_at(X, bh, blk, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """:func:`_token_tile` of token block ``blk`` of (batch x head) ``bh``."""
-    b, h, rn, rd, inb = token_tile_index(bh, blk, H, N, D, BLOCK_N, BLOCK_D)
-    return load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd), bh, b, h, rn, rd, inb
 
 
 @triton.jit
