@@ -142,14 +142,14 @@ def kernel_split(fn) -> dict:
 HOST_CALLS = 20  # ~25 launches a call: 500 launches, within CUDA's launch queue (~1024), so enqueueing never waits
 
 
-def host_ms(fn) -> float:
-    """Host time of one call (ms): the mean over HOST_CALLS calls enqueued from an idle GPU, without a sync (what
+def host_ms(fn, calls: int = HOST_CALLS) -> float:
+    """Host time of one call (ms): the mean over ``calls`` calls enqueued from an idle GPU, without a sync (what
     the CPU spends per call; the GPU hides it only where its own time per call is longer)."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(HOST_CALLS):
+    for _ in range(calls):
         fn()
-    t = (time.perf_counter() - t0) * 1e3 / HOST_CALLS
+    t = (time.perf_counter() - t0) * 1e3 / calls
     torch.cuda.synchronize()
     return t
 

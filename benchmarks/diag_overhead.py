@@ -110,15 +110,12 @@ def train():
 
 
 def _host_ms(fn, n=100):
-    """Host milliseconds per call of ``fn`` (n calls, no sync between them; the GPU work is tiny)."""
+    """Host milliseconds per call of ``fn`` after one warm-up call (``bench_block.host_ms`` over n calls; the GPU
+    work is tiny)."""
+    from bench_block import host_ms
+
     fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t0) / n * 1e3
-    torch.cuda.synchronize()
-    return host
+    return host_ms(fn, n)
 
 
 def train_host():
