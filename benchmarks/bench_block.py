@@ -1,10 +1,11 @@
 """Attention blocks of real diffusion transformers (random weights): RoPE + QK-norm + attention + output
-projection, as diffusers runs them, compiled four ways in one process (issue: fused prologue):
+projection, as diffusers runs them, compiled up to five ways in one process (issue: fused prologue):
 
     inductor   torch.compile, SDPA as Inductor picks it          variant "default"
     sdpa_cudnn torch.compile under sdpa_kernel(CUDNN_ATTENTION)  variant "cudnn"
     int8_fp8   backend="sage", prologue="op" (custom op kernels) variant "unfused"
     int8_fp8   backend="sage", prologue="graph" (Inductor fuses the quantizer into RoPE/QK-norm) variant "fused"
+    int8_fp8   backend="sage", prologue="traced" (the op's kernels, launched by Inductor's code) variant "traced"
 
     python benchmarks/bench_block.py --out benchmarks/results/block_h200.json [--models cogvideox,flux] [--n 1024,4096,16384]
         [--variants default,cudnn,unfused,fused] [--profile-host unfused]
@@ -101,6 +102,7 @@ def variants():
         ("sdpa_cudnn", "cudnn"): ("inductor", cudnn_ctx),
         ("int8_fp8", "unfused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="op"), nullctx),
         ("int8_fp8", "fused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="graph"), nullctx),
+        ("int8_fp8", "traced"): (sage_compile.make_backend(kernel="int8_fp8", prologue="traced"), nullctx),
     }
 
 

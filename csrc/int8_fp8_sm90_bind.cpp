@@ -68,3 +68,15 @@ void fwd(const at::Tensor& q8, const at::Tensor& qs, const at::Tensor& k8, const
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("fwd", &fwd, "sage_compile int8_fp8 sm90 forward"); }
+
+// The same function as a torch op, torch.ops.<extension name>.fwd (the namespace is the build's name, so that builds
+// of other knobs load beside it): the traced int8_fp8 core op calls it, which torch.compile's graph holds and its
+// generated code calls through the dispatcher, without Python in between. It writes only `out`; the fake
+// implementation (nothing to compute) is registered from Python at load. Sizes and strides are SymInt (the kernel
+// takes them as int64_t), so a traced call under dynamic shapes does not make them constants.
+TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
+  m.def("fwd(Tensor q8, Tensor qs, Tensor k8, Tensor ks, Tensor v8, Tensor vs, Tensor(a!) out, SymInt lk, float c, "
+        "bool causal, SymInt coff, SymInt sob, SymInt soh, SymInt son, Tensor? krange, Tensor? flag, int want) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(TORCH_EXTENSION_NAME, CUDA, m) { m.impl("fwd", &fwd); }

@@ -113,11 +113,13 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 out = emit("call_function", ops.attention.default,
                            (q, k, v, mask, site.causal, scale, site.layout, dec.scheme, options.encode()))
             elif dec.scheme == "int8_fp8":
-                qt = emit("call_function", _prologue("int8_fp8", options, site.device_type, dec.prologue),
+                traced = dec.prologue == "traced"
+                qt = emit("call_function", ops.quantize_int8_fp8_traced.default if traced else
+                          _prologue("int8_fp8", options, site.device_type, dec.prologue),
                           (q, k, v, site.layout, options.int8_channel_rescale))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
-                out = emit("call_function", ops.attention_int8_fp8.default,
-                           (*parts, mask, site.causal, scale, site.layout, out_dtype))
+                core = ops.attention_int8_fp8_traced if traced else ops.attention_int8_fp8
+                out = emit("call_function", core.default, (*parts, mask, site.causal, scale, site.layout, out_dtype))
             elif dec.scheme == "int8_fp16":
                 qt = emit("call_function", _prologue("int8_fp16", options, site.device_type, dec.prologue),
                           (q, k, v, site.layout))

@@ -22,6 +22,18 @@ def graph_launches():
         _state.on = before
 
 
+@contextlib.contextmanager
+def eager_launches():
+    """Within: launches run now, even inside :func:`graph_launches` (host code that must run real kernels while its
+    call is traced: timing a choice on real inputs)."""
+    before = getattr(_state, "on", False)
+    _state.on = False
+    try:
+        yield
+    finally:
+        _state.on = before
+
+
 def in_graph() -> bool:
     """Whether launches must be graph ops now (inside :func:`graph_launches`, ``wrap_triton`` on)."""
     if not getattr(_state, "on", False):

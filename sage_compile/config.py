@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 SCHEMES = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 KERNEL_CHOICES = ("auto",) + SCHEMES
-PROLOGUES = ("auto", "graph", "op")
+PROLOGUES = ("auto", "graph", "op", "traced")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Options:
         128 queries): dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 ->
         0.9991. H200 run 37 (benchmarks/results/train_h200.json): forward+backward 4-14 % faster than
         ``tile``; SmolLM2 fine-tune last-20 loss 1.0002x bf16 SDPA's (finetune_smollm2_split64_h200.json).
-    prologue: ``auto`` (default), ``graph`` or ``op``. ``graph``: the prologue as plain torch ops in the graph, so
+    prologue: ``auto`` (default), ``graph``, ``op`` or ``traced``. ``graph``: the prologue as plain torch ops in the graph, so
         Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm (compiled with stride padding off,
         :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by themselves,
         :func:`sage_compile.reference.quant.div_rn`). ``op``: the prologue custom op (Triton kernels on CUDA: two
@@ -72,6 +72,11 @@ class Options:
         compile of the graph prologue (CogVideoX-2B step 222.8 vs 225.6 ms, first call 44.5 vs 83.7 s; Flux-dev
         132.8 vs 135.7 ms, 74.8 vs 219.9 s), while the graph prologue saves host time on small attention (a lone
         CogVideoX-2B block at 4K tokens 0.89 vs 1.32 ms).
+        ``traced``: ``int8_fp8`` sites call the prologue and core as ``torch.library.triton_op`` s
+        (:func:`sage_compile.ops.quantize_int8_fp8_traced`, :func:`sage_compile.ops.attention_int8_fp8_traced`):
+        the op's kernels, launched by Inductor's generated code (the kernels' host code and the custom-op dispatch
+        run once per compile, not once per call); ``int8_train`` sites the traced training op (as ``graph``);
+        other schemes the op.
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """

@@ -354,6 +354,28 @@ attention_train_traced.register_autograd(
     _backward_through(torch.ops.sage_compile.attention_train_backward_traced), setup_context=_train_setup)
 
 
+@torch.library.triton_op("sage_compile::quantize_int8_fp8_traced", mutates_args=())
+def quantize_int8_fp8_traced(q: Tensor, k: Tensor, v: Tensor, layout: str,
+                             channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`quantize_int8_fp8`, traced by torch.compile (same arguments and results): the graph holds its
+    allocations and Triton launches, Inductor makes them, and the kernels' host code runs once per compile."""
+    with graph_launches():
+        return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
+
+
+@torch.library.triton_op("sage_compile::attention_int8_fp8_traced", mutates_args=())
+def attention_int8_fp8_traced(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8: Tensor, vs: Tensor,
+                              attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,
+                              out_dtype: torch.dtype) -> Tensor:
+    """:func:`attention_int8_fp8`, traced by torch.compile (same arguments and results): the Triton launches and
+    the CUDA core's torch op in the graph. The core (CUDA or Triton) is chosen while the call is traced: the
+    measured choice for the shape, measured then on real inputs of the call's sizes where none is known
+    (:func:`sage_compile.kernels.int8_fp8.cuda.prefer_cuda_traced`)."""
+    with graph_launches():
+        return impl_for("int8_fp8", q8.device.type).attention(q8, qs, k8, ks, v8, vs, attn_mask, causal, scale,
+                                                              layout, out_dtype)
+
+
 # ------------------------------------------------------------------------------------------ composed
 def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], causal: str, scale: Optional[float],
                layout: str, scheme: str, options=None) -> Tensor:

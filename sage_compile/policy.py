@@ -40,6 +40,9 @@ OP_PROLOGUE_SCHEMES = ("int8_fp8",)
 # benchmarks/results/fp4_prologue_compile_cpu.log), and fp4 has no speed to gain from fusing its prologue
 # (exact emulation on Hopper).
 OP_PROLOGUE_ALWAYS = ("fp4",)
+# prologue="traced": the schemes with traced prologue and core ops (torch.library.triton_op: Inductor launches the
+# kernels; sage_compile.ops.quantize_int8_fp8_traced), on any device (on the CPU the reference, traced).
+TRACED_SCHEMES = ("int8_fp8",)
 
 
 def graph_prologue(options, device_type: str) -> bool:
@@ -70,8 +73,11 @@ def attention_work(site) -> Optional[int]:
 
 
 def prologue_for(site, options, scheme: str, device_type: str) -> str:
-    """``graph`` or ``op``: how ``site``'s prologue is emitted under ``options.prologue`` (see
-    :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``)."""
+    """``graph``, ``op`` or ``traced``: how ``site``'s prologue is emitted under ``options.prologue`` (see
+    :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``; ``traced`` for the schemes of
+    :data:`TRACED_SCHEMES`, the op for the others)."""
+    if options.prologue == "traced":
+        return "traced" if scheme in TRACED_SCHEMES else "op"
     if not graph_prologue(options, device_type):
         return "op"
     if options.prologue == "auto" and scheme in OP_PROLOGUE_ALWAYS:
@@ -90,9 +96,11 @@ def train_prologue(options, device_type: str) -> str:
     compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), whatever the site: static and
     symbolic sizes (run 126), no mask, a bool mask (run 128) or an additive one (run 134) gave the opaque ops' values
     on a GPU; the opaque one on other devices (the CPU reference would be compiled by Inductor: longer compiles, no
-    speed to gain); ``graph`` on the graph-prologue devices."""
+    speed to gain); ``graph`` on the graph-prologue devices; ``traced`` on every device."""
     if options.prologue == "auto":
         return "graph" if device_type == "cuda" else "op"
+    if options.prologue == "traced":
+        return "graph"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
 
 
@@ -166,7 +174,10 @@ def decide(site, config, device_type: str) -> Decision:
         prologue = train_prologue(config.options, device_type)
     elif not config.options.switchable:
         prologue = prologue_for(site, config.options, scheme, device_type)
-        if config.options.prologue != "op" and not graph_prologue(config.options, device_type):
+        if config.options.prologue == "traced":
+            if prologue != "traced":
+                notes.append(f"prologue='traced' has no traced ops for {scheme}: prologue op")
+        elif config.options.prologue != "op" and not graph_prologue(config.options, device_type):
             notes.append(f"prologue='{config.options.prologue}' gives no graph prologue on {device_type} (not "
                          "validated there): prologue op")
         elif config.options.prologue == "auto" and prologue == "op" and scheme in OP_PROLOGUE_ALWAYS:

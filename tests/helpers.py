@@ -130,13 +130,18 @@ def train_launches(fn, names=("fwd_kernel", "dkdv_kernel", "dq_kernel"), sm90=Tr
     return out, {n: sum(s.startswith(n) for s in seen) for n in names}
 
 
-def train_op_schemas() -> dict:
-    """The torch-op schemas of ``csrc/int8_train_sm90_bind.cpp`` (its TORCH_LIBRARY block), name -> ``"name(...) ->
-    ()"``, the string literals' continuation lines joined."""
+def op_schemas(binding: str = "int8_train_sm90_bind.cpp") -> dict:
+    """The torch-op schemas of a ``csrc/`` binding (its TORCH_LIBRARY block), name -> ``"name(...) -> ()"``, the
+    string literals' continuation lines joined."""
     import re
 
     from sage_compile.kernels import cuda_ext
 
-    with open(cuda_ext.source_paths(("int8_train_sm90_bind.cpp",))[0]) as f:
+    with open(cuda_ext.source_paths((binding,))[0]) as f:
         text = f.read().replace('"\n        "', "")
     return {name: schema for schema, name in re.findall(r'm\.def\("((\w+)\(.*?\) -> \(\))"\);', text, re.S)}
+
+
+def train_op_schemas() -> dict:
+    """The torch-op schemas of ``csrc/int8_train_sm90_bind.cpp`` (:func:`op_schemas`)."""
+    return op_schemas("int8_train_sm90_bind.cpp")

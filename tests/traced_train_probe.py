@@ -22,6 +22,7 @@ import sage_compile.kernels.int8_train as KT
 from sage_compile.kernels.int8_train import cuda as KC
 from functorch.compile import aot_function
 from helpers import train_op_schemas
+from sage_compile.kernels.cuda_ext import register_fakes
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
 # no GPU here: a stand-in driver naming an sm90 target, so that torch reads each Triton kernel's TTIR to find the
@@ -33,7 +34,7 @@ ns = "sage_probe_ext"
 lib = torch.library.Library(ns, "DEF")
 for schema in train_op_schemas().values():
     lib.define(schema)
-KC._register_fakes(ns)
+register_fakes(ns, KC.OPS)
 KC.load = lambda: types.SimpleNamespace(__name__=ns)
 KC.unsupported = KC.call_rules
 graphs = []

@@ -12,6 +12,8 @@ from importlib import resources
 
 import torch
 
+from .._tracing import in_graph
+
 log = logging.getLogger("sage_compile")
 
 HEADERS = ("sm90_common.cuh",)  # included by the sources: part of every build's hash
@@ -63,6 +65,34 @@ def build_extension(prefix: str, sources: tuple, extra: tuple = ()):
                 os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old
+
+
+_faked: set = set()
+_fake_lock = threading.Lock()
+
+
+def register_fakes(ns: str, ops) -> None:
+    """Fake implementations of an extension's torch ops ``ns::<op>`` for each of ``ops``: they only write their
+    output arguments (``Tensor(a!)``, returning nothing), so there is nothing to make. Once per namespace."""
+    with _fake_lock:
+        if ns in _faked:
+            return
+        for op in ops:
+            torch.library.register_fake(f"{ns}::{op}")(_writes_only)
+        _faked.add(ns)
+
+
+def _writes_only(*args, **kwargs) -> None:
+    return None
+
+
+def call(mod, name: str, *args) -> None:
+    """``mod.<name>(*args)``, or while a traced op is traced (:func:`sage_compile._tracing.in_graph`) the same function
+    as the extension's torch op (its TORCH_LIBRARY block), which the graph then holds."""
+    if in_graph():
+        getattr(getattr(torch.ops, mod.__name__), name)(*args)
+    else:
+        getattr(mod, name)(*args)
 
 
 def start_prebuild(state: dict, lock, holder: dict, load_fn, name: str) -> None:

@@ -21,6 +21,8 @@ import triton.language as tl
 
 from ...config import int8_fp8_core
 from .._common import CAUSAL_CODES, EMULATE_FP8, cdiv, launch, output_and_mask, pow2, to_e4m3
+from ..._tracing import eager_launches, in_graph
+from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from . import cuda
 
 log = logging.getLogger("sage_compile")
@@ -260,6 +262,23 @@ def mask_structure(mask: torch.Tensor, lq: int, lk: int) -> tuple[torch.Tensor, 
     return flag, krange
 
 
+def _time_cores(q8, k8, causal: str, scale: Optional[float], out_dtype: torch.dtype) -> None:
+    """For a call being traced (fake tensors): :func:`attention` without a mask on real random inputs of its sizes,
+    outside the trace, so that :func:`cuda.prefer_cuda` times the two cores on them and keeps its choice."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    b, hq, lq, d = (int(n) for n in q8.shape)
+    hkv, lk = int(k8.shape[1]), int(k8.shape[2])
+    dev = q8.device
+    with _disable_current_modes(), eager_launches():
+        g = torch.Generator(device=dev).manual_seed(0)
+        i8 = lambda *shape: torch.randint(-127, 128, shape, dtype=torch.int8, device=dev, generator=g)  # noqa: E731
+        sc = lambda *shape: torch.full(shape, 0.01, dtype=torch.float32, device=dev)  # noqa: E731
+        v8 = torch.randn((b, hkv, d, lk + (-lk) % V_KEY_MULTIPLE), device=dev, generator=g).to(torch.float8_e4m3fn)
+        attention(i8(b, hq, lq, d), sc(b, hq, lq), i8(b, hkv, lk, d), sc(b, hkv, lk), v8, sc(b, hkv, d), None, causal,
+                  scale, "HND", out_dtype)
+
+
 def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal: str, scale: Optional[float],
               layout: str, out_dtype: torch.dtype, config: Optional[dict] = None,
               detect_mask: bool = True, general_only: bool = False) -> torch.Tensor:
@@ -299,13 +318,13 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
         bm = cfg["BLOCK_M"]
         tune = dict(BLOCK_N=BLOCK_N, WS=False, PV=0, num_warps=4, num_stages=2)
         tune.update({k: v for k, v in cfg.items() if k != "BLOCK_M"})
-        _fwd_body[(cdiv(lq, bm), b * hq)](*args, **{**meta, **over}, BLOCK_M=bm, **tune)
+        launch(_fwd_body, (cdiv(lq, bm), b * hq))(*args, **{**meta, **over}, BLOCK_M=bm, **tune)
 
     def run_triton():
         if config is not None:
             run_body(config)
         else:
-            _fwd[lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq)](*args, **meta)
+            launch(_fwd, lambda m: (cdiv(lq, m["BLOCK_M"]), b * hq))(*args, **meta)
         return out
 
     # any mask but mask_structure's (flag 0): the Triton core reading it, one fixed configuration (no
@@ -347,7 +366,9 @@ def attention(q8, qs, k8, ks, v8, vs, attn_mask: Optional[torch.Tensor], causal:
                 if ranged:  # the unmasked shape's measured choice where there is one, else the CUDA core
                     if core == "cuda" or cuda.known_choice(q8, k8, causal) is not False:
                         return run_ranged()
-                elif core == "cuda" or cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton, run_quick):
+                elif core == "cuda" or (
+                        cuda.prefer_cuda_traced(q8, k8, causal, lambda: _time_cores(q8, k8, causal, scale, out_dtype))
+                        if in_graph() else cuda.prefer_cuda(q8, k8, causal, run_cuda, run_triton, run_quick)):
                     return run_cuda()
             except RuntimeError as e:  # the launcher refused (a TORCH_CHECK): the Triton core serves
                 cuda.note_failure(e)

@@ -33,12 +33,14 @@ from typing import Optional
 
 import torch
 
-from ..cuda_ext import HEADERS, build_extension, cuda_flags, load_once, start_prebuild
+from ..._tracing import in_graph
+from ..cuda_ext import HEADERS, build_extension, call, cuda_flags, load_once, register_fakes, start_prebuild
 from ..cuda_ext import source_paths as _source_paths
 
 log = logging.getLogger("sage_compile")
 
 SOURCES = ("int8_fp8_sm90.cu", "int8_fp8_sm90_bind.cpp")
+OPS = ("fwd",)  # the torch op of its TORCH_LIBRARY block
 LOG2E = 1.4426950408889634
 
 _lock = threading.Lock()
@@ -64,8 +66,11 @@ def source_paths(names=SOURCES) -> list[str]:
 
 def build(extra: tuple = ()):
     """Compile (or find in torch's extension cache) and import the extension with :func:`cuda_flags`
-    ``(extra)``; raises on failure. :func:`load` is the guarded, once-per-process entry."""
-    return build_extension("sage_int8_fp8_sm90", SOURCES, extra)
+    ``(extra)``; raises on failure. :func:`load` is the guarded, once-per-process entry. Its function is also a
+    torch op, ``torch.ops.<module name>.fwd`` (what a traced call's graph holds), given a fake implementation here."""
+    mod = build_extension("sage_int8_fp8_sm90", SOURCES, extra)
+    register_fakes(mod.__name__, OPS)
+    return mod
 
 
 def prebuild() -> None:
@@ -145,8 +150,8 @@ def attention(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], out: 
     if k8.shape[2] % 4:  # K is read as (D, key % 4, key / 4) boxes (csrc key order): whole groups of 4 rows
         ks, k8 = pad_tokens(ks, 4), pad_tokens(k8, 4)
     coff = 0 if causal == "top_left" else lk - lq
-    mod.fwd(q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(), vs.contiguous(),
-            out, lk, c, causal != "none", coff, *out_strides, krange, flag, want)
+    call(mod, "fwd", q8.contiguous(), qs.contiguous(), k8.contiguous(), ks.contiguous(), v8.contiguous(),
+         vs.contiguous(), out, lk, c, causal != "none", coff, *out_strides, krange, flag, want)
     return out
 
 
@@ -158,6 +163,8 @@ def pad_tokens(x: torch.Tensor, multiple: int) -> torch.Tensor:
     pad = (-n) % multiple
     if pad == 0:
         return x
+    if in_graph():  # a traced call: one ATen op Inductor lowers (it makes its own copy kernel)
+        return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
     out = x.new_empty((b, h, n + pad, *x.shape[3:]))
     row = x.element_size() * math.prod(x.shape[3:])  # bytes per token
     word = next(t for t in (torch.int64, torch.int32, torch.int16, torch.uint8) if row % t.itemsize == 0)
@@ -295,3 +302,17 @@ def prefer_cuda(q8, k8, causal: str, run_cuda, run_triton, run_triton_quick=None
                       "cuda" if _choice[key] else "triton", t_cuda, how, t_triton)
         _state["select_s"] += time.perf_counter() - t0
     return _choice[key]
+
+
+def prefer_cuda_traced(q8, k8, causal: str, measure) -> bool:
+    """:func:`prefer_cuda` for a call being traced (its tensors fake: nothing to time): the known choice for the
+    shape bucket; where none is known, ``measure()`` (the call run again on real inputs of its sizes, outside the
+    trace: :func:`prefer_cuda` then times the cores and keeps the choice) makes it. Symbolic sizes take the CUDA
+    core (as an unmeasured shape during CUDA-graph capture; reading their bucket would specialize them)."""
+    if any(isinstance(n, torch.SymInt) for n in (*q8.shape, *k8.shape)):
+        return True
+    got = known_choice(q8, k8, causal)
+    if got is None:
+        measure()
+        got = known_choice(q8, k8, causal)
+    return True if got is None else got

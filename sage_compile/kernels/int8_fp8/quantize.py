@@ -30,16 +30,7 @@ import triton.language as tl
 from ...reference.int8_fp8 import V_KEY_MULTIPLE
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
-from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, or_sign, pow2, recip, rne, to_e4m3
-
-
-@triton.jit
-def _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """This program's (BLOCK_N tokens, BLOCK_D channels) tile of a strided (B, H, N, D) tensor, as fp32
-    (zeros outside), with ``(bh, b, h, token offsets, channel offsets, in-bounds mask)``."""
-    bh = tl.program_id(1)
-    b, h, rn, rd, inb = token_tile_index(bh, tl.program_id(0), H, N, D, BLOCK_N, BLOCK_D)
-    return load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd), bh, b, h, rn, rd, inb
+from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, launch, or_sign, pow2, recip, rne, to_e4m3
 
 
 @triton.jit
@@ -87,7 +78,9 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
     groups of :func:`sage_compile.reference.quant.quant_int8_k_groups` (the tile's key 16a + 4t + u in
     group t). Divisions through the divisors' reciprocals (:func:`div_by`, exact) unless a divisor of the
     tile is out of its range (then IEEE divisions: the same bits, slower)."""
-    x, bh, b, h, rn, rd, inb = _token_tile(X, sxb, sxh, sxn, sxd, H, N, D, BLOCK_N, BLOCK_D)
+    bh = tl.program_id(1)
+    b, h, rn, rd, inb = token_tile_index(bh, tl.program_id(0), H, N, D, BLOCK_N, BLOCK_D)
+    x = load_token_tile(X, b, h, rn, rd, inb, sxb, sxh, sxn, sxd)
     if HAS_MEAN:
         mu = tl.load(MEAN + bh * D + rd, mask=rd < D, other=0.0)
         x = tl.where(inb, x - mu[None, :], 0.0)
@@ -119,7 +112,9 @@ def _quant_rows_int8(X, MEAN, CH, Y, S, sxb, sxh, sxn, sxd, H, GROUP, N, D,
 def _quant_v_fp8(V, SC, Y, svb, svh, svn, svd, H, N, NP, D, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                  EMULATE: tl.constexpr):
     """V / scale as E4M3, stored transposed (B, H, D, NP); tokens N..NP-1 (the padding) are zeros."""
-    v, bh, b, h, rn, rd, inb = _token_tile(V, svb, svh, svn, svd, H, N, D, BLOCK_N, BLOCK_D)
+    bh = tl.program_id(1)
+    b, h, rn, rd, inb = token_tile_index(bh, tl.program_id(0), H, N, D, BLOCK_N, BLOCK_D)
+    v = load_token_tile(V, b, h, rn, rd, inb, svb, svh, svn, svd)
     sc = tl.load(SC + bh * D + rd, mask=rd < D, other=1.0)
     r, ns = recip(sc)
     if tl.min(fast_div_ok(sc)) > 0:
@@ -332,7 +327,7 @@ def chan_stats(*specs):
     d = args[0][0].shape[3]
     flat = [*args[0], *args[1], *args[2][:-1], d]
     block_d = _block_d(d)
-    _chan_stats[(programs,)](*flat, *(c for cs in consts for c in cs), NT=nt,
+    launch(_chan_stats, (programs,))(*flat, *(c for cs in consts for c in cs), NT=nt,
                              BLOCK_N=max(1, min(64, STATS_TILE // block_d)), BLOCK_D=block_d, UNROLL=STATS_UNROLL)
     return outs
 
@@ -363,7 +358,7 @@ def token_stats(q_hnd: Optional[torch.Tensor], k_hnd: torch.Tensor, v_hnd: Optio
     s = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if rescale else None
     vs = torch.empty((b, hkv, d), dtype=torch.float32, device=dev) if do_v else None
     g = q_hnd.shape[1] // hkv if rescale else 1
-    _stats_finalize[(b * hkv,)](*(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)), mean_out,
+    launch(_stats_finalize, (b * hkv,))(*(_or(t, mean_out) for t in (qamax, ksum, kmin, kmax, vamax)), mean_out,
                                 _or(s, mean_out), _or(vs, mean_out), g, sq, sk, nk, d, MEAN_GIVEN=mean is not None,
                                 RESCALE=rescale, DO_V=do_v, BLOCK_D=_block_d(d))
     return mean_out, s, vs
@@ -398,7 +393,7 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     block_d = _block_d(d)
     block_n = K_GROUP_TILE if k_groups else max(1, min(64, ROWS_TILE // block_d))
     group = h // channel.shape[1] if channel is not None else 1
-    _quant_rows_int8[_grid_rows(n, b * h, block_n)](
+    launch(_quant_rows_int8, _grid_rows(n, b * h, block_n))(
         x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
         h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
         KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
@@ -421,7 +416,7 @@ def quant_v_fp8(v_hnd: torch.Tensor, scale: torch.Tensor, key_multiple: int = V_
     y = torch.empty((b, h, d, npad), dtype=torch.float8_e4m3fn, device=v_hnd.device)
     block_d = _block_d(d)
     block_n = max(1, min(64, 8192 // block_d))
-    _quant_v_fp8[_grid_rows(npad, b * h, block_n)](v_hnd, scale, y, *v_hnd.stride(), h, n, npad, d,
+    launch(_quant_v_fp8, _grid_rows(npad, b * h, block_n))(v_hnd, scale, y, *v_hnd.stride(), h, n, npad, d,
                                                    BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8)
     return y, scale
 

@@ -22,13 +22,14 @@ from typing import Optional
 
 import torch
 
-from ..._tracing import in_graph
-from ..cuda_ext import build_extension, load_once, start_prebuild
+from ..cuda_ext import build_extension, load_once, register_fakes, start_prebuild
+from ..cuda_ext import call as _call
 from .attention import LOG2E
 
 log = logging.getLogger("sage_compile")
 
 SOURCES = ("int8_train_sm90.cu", "int8_train_sm90_bind.cpp")
+OPS = ("fwd", "dkdv", "dq")  # the torch ops of its TORCH_LIBRARY block
 _lock = threading.Lock()
 
 
@@ -43,38 +44,12 @@ _prebuild: dict = {"thread": None}
 
 def build(extra: tuple = ()):
     """Compile (or find in torch's extension cache) and import the extension; raises on failure. Its functions are
-    also torch ops, ``torch.ops.<module name>.{fwd,dkdv,dq}`` (what a traced call's graph holds: :func:`_call`),
+    also torch ops, ``torch.ops.<module name>.{fwd,dkdv,dq}`` (what a traced call's graph holds:
+    :func:`sage_compile.kernels.cuda_ext.call`),
     given fake implementations here."""
     mod = build_extension("sage_int8_train_sm90", SOURCES, extra)
-    _register_fakes(mod.__name__)
+    register_fakes(mod.__name__, OPS)
     return mod
-
-
-_faked: set = set()
-_fake_lock = threading.Lock()
-
-
-def _register_fakes(ns: str) -> None:
-    """Fake implementations of the extension's ops (they only write their output arguments: nothing to make)."""
-    with _fake_lock:
-        if ns in _faked:
-            return
-        for op in ("fwd", "dkdv", "dq"):
-            torch.library.register_fake(f"{ns}::{op}")(_writes_only)
-        _faked.add(ns)
-
-
-def _writes_only(*args, **kwargs) -> None:
-    return None
-
-
-def _call(mod, name: str, *args) -> None:
-    """``mod.<name>(*args)``, or while a traced op is traced (:func:`sage_compile._tracing.in_graph`) the same function
-    as the extension's torch op, which the graph then holds."""
-    if in_graph():
-        getattr(getattr(torch.ops, mod.__name__), name)(*args)
-    else:
-        getattr(mod, name)(*args)
 
 
 def load():

@@ -1,0 +1,102 @@
+"""Run by tests/test_traced_int8_fp8.py in a process without TRITON_INTERPRET (the interpreter's kernels cannot be
+wrapped for tracing): AOTAutograd traces the traced ``int8_fp8`` ops (prologue, then core) on meta tensors through the
+kernels' host code, with a stand-in CUDA extension whose torch op has the schema of ``csrc/int8_fp8_sm90_bind.cpp``
+(its TORCH_LIBRARY block), and prints as JSON each graph's ops (Triton kernels as ``triton:<name>``, once per
+launch): ``cuda`` (the CUDA core; the core choice is stubbed: nothing can be timed here), ``triton`` (the Triton core,
+autotuned) and ``mask`` (a head-shared bool mask: the device-side structure check, the ranged CUDA launches and the
+general Triton launch); and ``accesses``, over all three, the tensors torch's analysis of each Triton kernel finds
+written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``."""
+import json
+import re
+import types
+
+import torch
+import triton
+from functorch.compile import aot_function
+from helpers import op_schemas
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from triton.backends.compiler import GPUTarget
+
+import sage_compile.ops as O
+from sage_compile.kernels import int8_fp8 as KF
+from sage_compile.kernels.cuda_ext import register_fakes
+from sage_compile.kernels.int8_fp8 import cuda as KC
+
+# no GPU here: a stand-in driver naming an sm90 target, so that torch reads each Triton kernel's TTIR to find the
+# tensors it writes (without one it assumes every argument written)
+triton.runtime.driver.set_active(types.SimpleNamespace(get_current_target=lambda: GPUTarget("cuda", 90, 32)))
+O._IMPLS[("int8_fp8", "meta")] = KF.impl
+ns = "sage_probe_fp8_ext"
+lib = torch.library.Library(ns, "DEF")
+for schema in op_schemas("int8_fp8_sm90_bind.cpp").values():
+    lib.define(schema)
+register_fakes(ns, KC.OPS)
+KC.load = lambda: types.SimpleNamespace(__name__=ns)
+KC.prefer_cuda_traced = lambda *a: True
+graphs = []
+
+
+def names(g):
+    """The graph's ops and Triton kernels (``triton:<name>``), once per call or launch."""
+    kernels = [kernel_side_table.get_kernel(int(i)) for i in re.findall(r"kernel_idx = (\d+)", g.code)]
+    return (re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
+            + ["triton:" + getattr(getattr(k, "fn", k), "__name__", "?") for k in kernels])
+
+
+def comp(g, _):
+    graphs.append(names(g))
+    return g
+
+
+def unsupported_on(mask_ok: bool):
+    """``cuda.unsupported`` without a device: the CUDA core for unmasked calls (and, with ``mask_ok``, the ranged
+    launches of a structured mask), none otherwise."""
+    return lambda q8, k8, attn_mask, out_dtype, scale=None: (
+        None if attn_mask is None or mask_ok else "probe: masks run on the Triton core")
+
+
+def f(q, k, v, mask=None):
+    ops = torch.ops.sage_compile
+    qt = ops.quantize_int8_fp8_traced(q, k, v, "HND", True)
+    return ops.attention_int8_fp8_traced(*qt, mask, "none", None, "HND", torch.bfloat16)
+
+
+q = torch.empty(1, 4, 256, 128, dtype=torch.bfloat16, device="meta")
+k, v = (torch.empty(1, 2, 256, 128, dtype=torch.bfloat16, device="meta") for _ in range(2))
+mask = torch.empty(1, 1, 256, 256, dtype=torch.bool, device="meta")
+
+
+def trace(which):
+    if which == "cuda":
+        KC.unsupported = unsupported_on(False)
+        aot_function(f, fw_compiler=comp)(q, k, v)
+    elif which == "triton":
+        KC.unsupported = lambda *a, **kw: "probe: the Triton core"
+        aot_function(f, fw_compiler=comp)(q, k, v)
+    else:  # mask
+        KC.unsupported = unsupported_on(True)
+        KC.known_choice = lambda *a: True
+        aot_function(f, fw_compiler=comp)(q, k, v, mask)
+
+
+import torch._higher_order_ops.triton_kernel_wrap as W  # noqa: E402
+
+entry = "identify_accessed_tensors" if hasattr(W, "identify_accessed_tensors") else "identify_mutated_tensors"
+written, analyse = {}, getattr(W, entry)  # (torch 2.13; older ones return the written names)
+
+
+def recording(kernel, kwargs, *rest):
+    acc = analyse(kernel, kwargs, *rest)
+    got = [d.name for d in acc.read_writes.writes] if hasattr(acc, "read_writes") else list(acc)
+    name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
+    written.setdefault(name, set()).update(n for n in got if isinstance(kwargs.get(n), torch.Tensor))
+    return acc
+
+
+setattr(W, entry, recording)
+result = {}
+for which in ("cuda", "triton", "mask"):
+    trace(which)
+    result[which] = graphs.pop()
+result["accesses"] = {k: sorted(v) for k, v in written.items()}
+print(json.dumps(result))
