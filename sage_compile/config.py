@@ -65,8 +65,10 @@ class Options:
         :func:`sage_compile.reference.quant.div_rn`). ``op``: the prologue custom op (Triton kernels on CUDA: two
         passes over Q, K and V, the token reductions fused into one). Same quantized values given the same inputs
         (the graph quantizes the producers' unrounded fp32 values). ``auto``: per site
-        (:func:`sage_compile.policy.prologue_for`): the op for ``int8_fp8`` attention on CUDA with B·H·Nq·Nk·D >=
-        2^34 and for ``fp4`` everywhere (with its graph prologue and the Q/K scale search the CPU TinyLlama's first
+        (:func:`sage_compile.policy.prologue_for`): ``traced`` (below) for ``int8_fp8`` attention on CUDA of static
+        sizes (H100 run 160: a lone Flux block at 1K tokens 0.580 ms against 1.042 with the op, 0.763 with the graph
+        prologue; equal to the op at 4K and 16K); for symbolic sizes the op for ``int8_fp8`` attention on CUDA with
+        B·H·Nq·Nk·D >= 2^34; the op for ``fp4`` everywhere (with its graph prologue and the Q/K scale search the CPU TinyLlama's first
         call took 87.7 s, with the op 4.5 s: :data:`sage_compile.policy.OP_PROLOGUE_ALWAYS`), the graph prologue
         elsewhere. H200 (runs 49-51): the op is faster at both real models measured, with about half the first
         compile of the graph prologue (CogVideoX-2B step 222.8 vs 225.6 ms, first call 44.5 vs 83.7 s; Flux-dev

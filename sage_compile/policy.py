@@ -42,6 +42,12 @@ OP_PROLOGUE_SCHEMES = ("int8_fp8",)
 OP_PROLOGUE_ALWAYS = ("fp4",)
 # prologue="traced": the schemes with traced prologue and core ops (torch.library.triton_op: Inductor launches the
 # kernels; sage_compile.ops.quantize_int8_fp8_traced), on any device (on the CPU the reference, traced).
+# prologue="auto" gives them to these schemes' CUDA sites of static sizes, whatever the size: the op's kernels
+# without its host time per call. H100 run 160 (benchmarks/results/block_run160_*), a lone block's ms, traced /
+# prologue op / graph prologue / cuDNN: Flux 1K 0.580 / 1.042 / 0.763 / 0.429, 4K 1.109 / 1.108 / 1.204 / 1.093,
+# 16K 6.702 / 6.661 / 7.085 / 7.944; CogVideoX 4K 0.632 / 1.050 / 0.795 / 0.616, 16K 4.536 / 4.559 / 4.731 / 6.103
+# (host time per call 0.46-0.64 ms traced, 0.96-1.32 op). Symbolic sizes keep the rule above (a traced call of
+# symbolic sizes cannot time the two cores: it takes the CUDA core unmeasured).
 TRACED_SCHEMES = ("int8_fp8",)
 
 
@@ -56,6 +62,13 @@ def _hint(n) -> Optional[int]:
     if isinstance(n, torch.SymInt):
         return n.node.hint if hasattr(n.node, "hint") else None
     return int(n)
+
+
+def static_sizes(site) -> bool:
+    """Whether ``site``'s q and k sizes are known and all plain ints (no symbolic size)."""
+    if site is None or getattr(site, "q_shape", None) is None or getattr(site, "k_shape", None) is None:
+        return False
+    return not any(isinstance(n, torch.SymInt) for n in (*site.q_shape, *site.k_shape))
 
 
 def attention_work(site) -> Optional[int]:
@@ -74,10 +87,12 @@ def attention_work(site) -> Optional[int]:
 
 def prologue_for(site, options, scheme: str, device_type: str) -> str:
     """``graph``, ``op`` or ``traced``: how ``site``'s prologue is emitted under ``options.prologue`` (see
-    :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``; ``traced`` for the schemes of
-    :data:`TRACED_SCHEMES`, the op for the others)."""
+    :data:`TRACED_SCHEMES`, :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``; ``traced``
+    for the schemes of :data:`TRACED_SCHEMES`, the op for the others)."""
     if options.prologue == "traced":
         return "traced" if scheme in TRACED_SCHEMES else "op"
+    if options.prologue == "auto" and device_type == "cuda" and scheme in TRACED_SCHEMES and static_sizes(site):
+        return "traced"
     if not graph_prologue(options, device_type):
         return "op"
     if options.prologue == "auto" and scheme in OP_PROLOGUE_ALWAYS:

@@ -97,3 +97,9 @@ def test_no_traced_kernel_takes_an_input_for_written(probe):
         "_chan_stats": ["MAX0", "MAX1", "MAX2", "MIN0", "SUM0"], "_stats_finalize": ["MEAN", "S", "VS"],
         "_quant_rows_int8": ["S", "Y"], "_quant_v_fp8": ["Y"], "_key_range": ["BAD", "KRANGE"],
         "_mask_mismatch": ["BAD", "FLAG"], "_fwd_body": ["OUT"]}
+
+
+def test_traced_ops_compile_once_over_lengths_under_dynamic_shapes(probe):
+    """torch.compile(dynamic=True) over three lengths: one graph (the host code's sizes stay symbols: the CUDA core
+    takes them as SymInt, the K padding check guards nothing at these lengths)."""
+    assert probe["dynamic"] == 1

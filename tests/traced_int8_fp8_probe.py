@@ -98,5 +98,16 @@ result = {}
 for which in ("cuda", "triton", "mask"):
     trace(which)
     result[which] = graphs.pop()
+assert not graphs
 result["accesses"] = {k: sorted(v) for k, v in written.items()}
+# torch.compile(dynamic=True) over three lengths (the CUDA core): the graphs compiled
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+
+KC.unsupported = unsupported_on(False)
+cf = torch.compile(f, backend=aot_autograd(fw_compiler=comp), dynamic=True)
+for n in (1024, 1536, 2048):
+    cf(torch.empty(1, 4, n, 128, dtype=torch.bfloat16, device="meta"),
+       *(torch.empty(1, 2, n, 128, dtype=torch.bfloat16, device="meta") for _ in range(2)))
+result["dynamic"] = len(graphs)
+graphs.clear()
 print(json.dumps(result))

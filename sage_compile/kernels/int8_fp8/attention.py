@@ -135,6 +135,7 @@ def _fwd_body(Q8, QS, K8, KS, V8, VS, MASK, FLAG, KRANGE, OUT, c,
     rd = tl.arange(0, BLOCK_D)
     q = tl.load(Q8 + b * sqb + h * sqh + offs_m[:, None] * D + rd[None, :],
                 mask=(offs_m[:, None] < LQ) & (rd[None, :] < D), other=0)
+    c = tl.cast(c, tl.float32)  # Inductor hands a Python float over as fp64 (a traced call)
     qs = tl.load(QS + (b * (sqb // D) + h * (sqh // D)) + offs_m, mask=offs_m < LQ, other=0.0) * c
     K8 = K8 + b * skb + hk * skh
     KS = KS + (b * (skb // D) + hk * (skh // D))

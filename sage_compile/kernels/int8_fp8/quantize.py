@@ -319,12 +319,12 @@ def chan_stats(*specs):
         consts.append((do_sum, range_mode, chunk))
         outs.append((sm, lo, hi, nsplit))
     nt = len(specs)
-    assert 1 <= nt <= 3 and len({a[0].shape[3] for a in args}) == 1, "one to three tensors of one head dim"
+    d = args[0][0].shape[3]
+    assert 1 <= nt <= 3 and all(a[0].shape[3] == d for a in args), "one to three tensors of one head dim"
     programs = sum(a[-1] for a in args)
     while len(args) < 3:  # unused slots: tensor 0 again, with no programs (never read: NT)
         args.append(args[0][:-1] + [0])
         consts.append(consts[0])
-    d = args[0][0].shape[3]
     flat = [*args[0], *args[1], *args[2][:-1], d]
     block_d = _block_d(d)
     launch(_chan_stats, (programs,))(*flat, *(c for cs in consts for c in cs), NT=nt,
