@@ -325,11 +325,15 @@ def main():
     base_name = "inductor_cudnn" if "inductor_cudnn" in res else "inductor"  # the issue's baseline: cuDNN SDPA
     ind = res.get(base_name)
     if ind and ind["total"] == ind["total"] and ind["total"] > 0:
-        key = "attn_op" if ind["attn_op"] > 0 else "attn"  # the ops' time counts the prologue's torch kernels too
-        share = ind[key] / ind["total"]
         for var, r in res.items():
-            if not var.startswith("sage_") or not r[key]:
+            if not var.startswith("sage_"):
                 continue
+            # the ops' time counts the prologue's torch kernels too; a variant without attention ops (the traced
+            # ops: Inductor launches their kernels) is compared by kernel names
+            key = "attn_op" if ind["attn_op"] > 0 and r["attn_op"] > 0 else "attn"
+            if not r[key] or not ind[key]:
+                continue
+            share = ind[key] / ind["total"]
             speed = ind[key] / r[key]
             pred = ind["ms"] * ((1 - share) + share / speed)  # Amdahl: the attention part runs `speed` x faster
             print(f"{var}: {base_name} attention share {share:.2f}, attention speed-up {speed:.2f}x -> Amdahl "
