@@ -145,3 +145,33 @@ def op_schemas(binding: str = "int8_train_sm90_bind.cpp") -> dict:
 def train_op_schemas() -> dict:
     """The torch-op schemas of ``csrc/int8_train_sm90_bind.cpp`` (:func:`op_schemas`)."""
     return op_schemas("int8_train_sm90_bind.cpp")
+
+
+def graph_ops(g) -> list:
+    """An FX graph's ops and Triton kernels (``triton:<name>``), once per call or launch (the traced-op probes)."""
+    import re
+
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    kernels = [kernel_side_table.get_kernel(int(i)) for i in re.findall(r"kernel_idx = (\d+)", g.code)]
+    return (re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
+            + ["triton:" + getattr(getattr(k, "fn", k), "__name__", "?") for k in kernels])
+
+
+def record_kernel_writes() -> dict:
+    """From now on, the tensors torch's analysis of each traced Triton kernel finds written (what Inductor clones for
+    the kernel where it is an input): ``{kernel name: {argument name, ...}}``, filled as kernels are traced."""
+    import torch._higher_order_ops.triton_kernel_wrap as W
+
+    entry = "identify_accessed_tensors" if hasattr(W, "identify_accessed_tensors") else "identify_mutated_tensors"
+    written, analyse = {}, getattr(W, entry)  # (torch 2.13; older ones return the written names)
+
+    def recording(kernel, kwargs, *rest):
+        acc = analyse(kernel, kwargs, *rest)
+        got = [d.name for d in acc.read_writes.writes] if hasattr(acc, "read_writes") else list(acc)
+        name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
+        written.setdefault(name, set()).update(n for n in got if isinstance(kwargs.get(n), torch.Tensor))
+        return acc
+
+    setattr(W, entry, recording)
+    return written

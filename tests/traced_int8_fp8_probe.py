@@ -7,14 +7,12 @@ autotuned) and ``mask`` (a head-shared bool mask: the device-side structure chec
 general Triton launch); and ``accesses``, over all three, the tensors torch's analysis of each Triton kernel finds
 written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``."""
 import json
-import re
 import types
 
 import torch
 import triton
 from functorch.compile import aot_function
-from helpers import op_schemas
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+from helpers import graph_ops, op_schemas, record_kernel_writes
 from triton.backends.compiler import GPUTarget
 
 import sage_compile.ops as O
@@ -36,15 +34,8 @@ KC.prefer_cuda_traced = lambda *a: True
 graphs = []
 
 
-def names(g):
-    """The graph's ops and Triton kernels (``triton:<name>``), once per call or launch."""
-    kernels = [kernel_side_table.get_kernel(int(i)) for i in re.findall(r"kernel_idx = (\d+)", g.code)]
-    return (re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
-            + ["triton:" + getattr(getattr(k, "fn", k), "__name__", "?") for k in kernels])
-
-
 def comp(g, _):
-    graphs.append(names(g))
+    graphs.append(graph_ops(g))
     return g
 
 
@@ -79,21 +70,7 @@ def trace(which):
         aot_function(f, fw_compiler=comp)(q, k, v, mask)
 
 
-import torch._higher_order_ops.triton_kernel_wrap as W  # noqa: E402
-
-entry = "identify_accessed_tensors" if hasattr(W, "identify_accessed_tensors") else "identify_mutated_tensors"
-written, analyse = {}, getattr(W, entry)  # (torch 2.13; older ones return the written names)
-
-
-def recording(kernel, kwargs, *rest):
-    acc = analyse(kernel, kwargs, *rest)
-    got = [d.name for d in acc.read_writes.writes] if hasattr(acc, "read_writes") else list(acc)
-    name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
-    written.setdefault(name, set()).update(n for n in got if isinstance(kwargs.get(n), torch.Tensor))
-    return acc
-
-
-setattr(W, entry, recording)
+written = record_kernel_writes()
 result = {}
 for which in ("cuda", "triton", "mask"):
     trace(which)

@@ -11,7 +11,6 @@ with ``cse``, how often each op and kernel appears in the forward and backward g
 mask, partitioned as torch.compile does."""
 import collections
 import json
-import re
 import sys
 import types
 
@@ -21,9 +20,8 @@ import sage_compile.ops as O
 import sage_compile.kernels.int8_train as KT
 from sage_compile.kernels.int8_train import cuda as KC
 from functorch.compile import aot_function
-from helpers import train_op_schemas
+from helpers import graph_ops, record_kernel_writes, train_op_schemas
 from sage_compile.kernels.cuda_ext import register_fakes
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
 # no GPU here: a stand-in driver naming an sm90 target, so that torch reads each Triton kernel's TTIR to find the
 # tensors it writes (without one it assumes every argument written, dO and the saved O included, as on no GPU)
@@ -39,16 +37,9 @@ KC.load = lambda: types.SimpleNamespace(__name__=ns)
 KC.unsupported = KC.call_rules
 graphs = []
 
-def names(g):
-    """The graph's ops and Triton kernels (``triton:<name>``), once per call or launch."""
-    kernels = [kernel_side_table.get_kernel(int(i)) for i in re.findall(r"kernel_idx = (\d+)", g.code)]
-    return (re.findall(r"torch\.ops\.(\w+\.\w+)", g.code)
-            + ["triton:" + getattr(getattr(k, "fn", k), "__name__", "?") for k in kernels])
-
-
 def comp(g, _):
     """Record the graph's ops (the compiler of both graphs; runs nothing)."""
-    graphs.append(sorted(set(names(g))))
+    graphs.append(sorted(set(graph_ops(g))))
     return g
 
 def f(q, k, v):
@@ -72,19 +63,7 @@ def inputs(n):
 
 
 if sys.argv[1:] == ["accesses"]:
-    import torch._higher_order_ops.triton_kernel_wrap as W
-
-    entry = "identify_accessed_tensors" if hasattr(W, "identify_accessed_tensors") else "identify_mutated_tensors"
-    written, analyse = {}, getattr(W, entry)  # (torch 2.13; older ones return the written names)
-
-    def recording(kernel, kwargs, *rest):
-        acc = analyse(kernel, kwargs, *rest)
-        names = [d.name for d in acc.read_writes.writes] if hasattr(acc, "read_writes") else list(acc)
-        name = getattr(getattr(kernel, "fn", kernel), "__name__", "?")
-        written.setdefault(name, set()).update(n for n in names if isinstance(kwargs.get(n), torch.Tensor))
-        return acc
-
-    setattr(W, entry, recording)
+    written = record_kernel_writes()
     aot_function(f, fw_compiler=comp, bw_compiler=comp)(*inputs(128)).sum().backward()  # the sm90 path
     KC.unsupported = lambda *a, **k: "probe: the Triton kernels"
     aot_function(masked_sites(1), fw_compiler=comp, bw_compiler=comp)(*inputs(128), MASK).sum().backward()
@@ -108,7 +87,7 @@ if sys.argv[1:] == ["cse"]:  # three sites on one head-shared bool mask, partiti
     counts = []
 
     def count(g, _):
-        counts.append(dict(collections.Counter(names(g))))
+        counts.append(dict(collections.Counter(graph_ops(g))))
         return g
 
     aot_function(masked_sites(3), fw_compiler=count, bw_compiler=count,
