@@ -46,8 +46,10 @@ OP_PROLOGUE_ALWAYS = ("fp4",)
 # without its host time per call. H100 run 160 (benchmarks/results/block_run160_*), a lone block's ms, traced /
 # prologue op / graph prologue / cuDNN: Flux 1K 0.580 / 1.042 / 0.763 / 0.429, 4K 1.109 / 1.108 / 1.204 / 1.093,
 # 16K 6.702 / 6.661 / 7.085 / 7.944; CogVideoX 4K 0.632 / 1.050 / 0.795 / 0.616, 16K 4.536 / 4.559 / 4.731 / 6.103
-# (host time per call 0.46-0.64 ms traced, 0.96-1.32 op). Symbolic sizes keep the rule above (a traced call of
-# symbolic sizes cannot time the two cores: it takes the CUDA core unmeasured).
+# (host time per call 0.46-0.64 ms traced, 0.96-1.32 op). Runs 160-162 (host-bound 1K and 4K blocks, noisy hosts):
+# the fastest sage variant in 13 of 15 measurements. Flux-dev's step (run 163): 130.53 ms against cuDNN's 131.57
+# and the op's 131.96. Symbolic sizes keep the rule above (a traced call of symbolic sizes cannot time the two
+# cores: it takes the CUDA core unmeasured).
 TRACED_SCHEMES = ("int8_fp8",)
 
 
