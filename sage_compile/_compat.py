@@ -147,6 +147,31 @@ def graph_prologue_choices():
         yield
 
 
+@contextlib.contextmanager
+def user_kernel_inputs_realized():
+    """Inside: Inductor stores a value once where a user-defined Triton kernel (``wrap_triton``: the traced ops'
+    launches) reads it beside other readers, as it does for its fallback ops. Without this, each such kernel's
+    stride constraint (``triton_kernel_default_layout_constraint="needs_fixed_stride_order"``) copies an
+    unrealized pointwise input for itself: RoPE's q and k were computed once but stored twice each, for the
+    statistics pass and for the INT8 pass (torch 2.11 and 2.13: ``lowering.needs_realized_inputs``, read by
+    ``GraphLowering.run_node``). Values are unchanged."""
+    from torch._inductor import lowering
+
+    try:
+        from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation as hop
+    except ImportError:  # pragma: no cover - a torch without user-defined Triton kernels
+        hop = None
+    needs = getattr(lowering, "needs_realized_inputs", None)
+    if hop is None or needs is None or hop in needs:
+        yield
+        return
+    needs.add(hop)
+    try:
+        yield
+    finally:
+        needs.discard(hop)
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

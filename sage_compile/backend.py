@@ -33,6 +33,7 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
     passes.rewrite(gm, sites, decisions, cfg.options)
     graph._sage_compile_done = True
     graph._sage_compile_graph_prologue = any(d.prologue == "graph" for d in decisions if d.scheme)
+    graph._sage_compile_traced = any(d.prologue == "traced" for d in decisions if d.scheme)
     if any(d.scheme == "int8_fp8" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
         _prebuild_cuda_core()
     if any(d.scheme == "int8_train" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
@@ -81,7 +82,9 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
 
     patches.update(_compat.aot_cache_patches(graph_prologue_functions()))
     patches.update(options)
-    with _compat.graph_prologue_choices() if graph_prologue else contextlib.nullcontext():
+    traced = getattr(gm.graph, "_sage_compile_traced", False)  # a site got the traced int8_fp8 ops
+    with _compat.graph_prologue_choices() if graph_prologue else contextlib.nullcontext(), \
+            _compat.user_kernel_inputs_realized() if traced else contextlib.nullcontext():
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return _guard_config(compiled, cfg.fingerprint(), explicit)
 

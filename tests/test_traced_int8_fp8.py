@@ -103,3 +103,13 @@ def test_traced_ops_compile_once_over_lengths_under_dynamic_shapes(probe):
     """torch.compile(dynamic=True) over three lengths: one graph (the host code's sizes stay symbols: the CUDA core
     takes them as SymInt, the K padding check guards nothing at these lengths)."""
     assert probe["dynamic"] == 1
+
+
+def test_rope_outputs_are_stored_once_for_the_traced_ops(probe):
+    """RoPE feeding the traced ops: Inductor's own kernels store as much as with the prologue op (q and k once each).
+    Each user-defined Triton kernel's stride constraint copies an unrealized input for itself, so without the
+    backend's :func:`sage_compile._compat.user_kernel_inputs_realized` q and k were stored twice (the statistics pass
+    and the INT8 pass each read their own copy)."""
+    stores = probe["stores"]
+    assert stores["traced"] == stores["op"], stores
+    assert stores["traced_unpatched"] >= stores["traced"], stores

@@ -5,8 +5,13 @@ kernels' host code, with a stand-in CUDA extension whose torch op has the schema
 launch): ``cuda`` (the CUDA core; the core choice is stubbed: nothing can be timed here), ``triton`` (the Triton core,
 autotuned) and ``mask`` (a head-shared bool mask: the device-side structure check, the ranged CUDA launches and the
 general Triton launch); and ``accesses``, over all three, the tensors torch's analysis of each Triton kernel finds
-written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``."""
+written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``;
+``dynamic``, the graphs of three lengths under dynamic shapes; ``stores``, the stores of Inductor's own kernels for RoPE
+feeding the ops through the backend (Inductor's code for a stand-in sm90 target, never run), with the prologue op,
+the traced ops, and the traced ops without :func:`sage_compile._compat.user_kernel_inputs_realized`."""
+import contextlib
 import json
+import re
 import types
 
 import torch
@@ -15,7 +20,10 @@ from functorch.compile import aot_function
 from helpers import graph_ops, op_schemas, record_kernel_writes
 from triton.backends.compiler import GPUTarget
 
+import sage_compile._compat as C
 import sage_compile.ops as O
+from sage_compile import make_backend
+from sage_compile.debug_codegen import generated_code, sm90_codegen
 from sage_compile.kernels import int8_fp8 as KF
 from sage_compile.kernels.cuda_ext import register_fakes
 from sage_compile.kernels.int8_fp8 import cuda as KC
@@ -87,4 +95,29 @@ for n in (1024, 1536, 2048):
        *(torch.empty(1, 2, n, 128, dtype=torch.bfloat16, device="meta") for _ in range(2)))
 result["dynamic"] = len(graphs)
 graphs.clear()
+
+
+# RoPE feeding the ops, through the backend (CPU tensors, the kernels registered for the CPU, Inductor's code for a
+# stand-in sm90 target, never run): the stores of Inductor's own kernels with the prologue op, the traced ops, and
+# the traced ops without sage_compile._compat.user_kernel_inputs_realized
+def rope(x, cos, sin):
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return (x * cos + torch.stack([-x2, x1], -1).flatten(-2) * sin).to(x.dtype)
+
+
+def rope_attention(q, k, v, cos, sin):
+    return torch.nn.functional.scaled_dot_product_attention(rope(q, cos, sin), rope(k, cos, sin), v)
+
+
+def inductor_stores(prologue):
+    with sm90_codegen():
+        code = generated_code(rope_attention, *cpu_inputs, backend=make_backend(kernel="int8_fp8", prologue=prologue))
+    return sum(m.group(0).count("tl.store") for m in re.finditer(r"def triton_\w+\(.*?(?=\n''')", code, re.S))
+
+
+O._IMPLS[("int8_fp8", "cpu")] = KF.impl
+cpu_inputs = [torch.randn(1, 4, 256, 128, dtype=torch.bfloat16) for _ in range(3)] + [torch.randn(256, 128)] * 2
+result["stores"] = {p: inductor_stores(p) for p in ("op", "traced")}
+C.user_kernel_inputs_realized = contextlib.nullcontext
+result["stores"]["traced_unpatched"] = inductor_stores("traced")
 print(json.dumps(result))
