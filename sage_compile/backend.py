@@ -82,7 +82,7 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
 
     patches.update(_compat.aot_cache_patches(graph_prologue_functions()))
     patches.update(options)
-    traced = getattr(gm.graph, "_sage_compile_traced", False)  # a site got the traced int8_fp8 ops
+    traced = gm.graph._sage_compile_traced  # a site got the traced int8_fp8 ops
     with _compat.graph_prologue_choices() if graph_prologue else contextlib.nullcontext(), \
             _compat.user_kernel_inputs_realized() if traced else contextlib.nullcontext():
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
