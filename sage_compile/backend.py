@@ -90,10 +90,15 @@ def sage_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=No
 
 
 def _guard_config(compiled, fingerprint, explicit):
-    """Refuse to run a compiled graph under a different configuration than it was compiled with."""
+    """Refuse to run a compiled graph under a different configuration than it was compiled with. While no
+    context manager is open and the environment is the one of the compilation (:func:`config.state_key`), the
+    configuration cannot have changed and is not resolved again."""
+    state = _config.state_key()
 
     @functools.wraps(compiled)
     def run(*args, **kwargs):
+        if state is not None and _config.state_key() == state:
+            return compiled(*args, **kwargs)
         now = _config.resolve(**explicit).fingerprint()
         if now != fingerprint:
             raise RuntimeError(

@@ -188,6 +188,29 @@ def test_config_change_after_compilation_raises_never_stale():
             explicit(q)  # explicit arguments win: nothing changed for this graph
 
 
+def test_config_guard_follows_the_environment_and_skips_resolve_when_unchanged(monkeypatch):
+    monkeypatch.delenv("SAGE_COMPILE_KERNEL", raising=False)
+    f = lambda q: F.scaled_dot_product_attention(q, q, q)  # noqa: E731
+    q = torch.randn(1, 2, 8, 16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        cf = torch.compile(f, backend=sage_compile.make_backend("eager"))
+        cf(q)
+        resolve = sage_compile.config.resolve
+        with monkeypatch.context() as m:  # same environment, no context manager: the guard resolves nothing
+            m.setattr(sage_compile.config, "resolve", lambda **kw: pytest.fail("resolved on the fast path"))
+            cf(q)
+        assert sage_compile.config.resolve is resolve
+        monkeypatch.setenv("SAGE_COMPILE_KERNEL", "fp4")
+        with pytest.raises(Exception, match="configuration changed"):
+            cf(q)
+        monkeypatch.setenv("SAGE_COMPILE_KERNEL", "auto")  # another environment, the same configuration
+        cf(q)
+        monkeypatch.delenv("SAGE_COMPILE_KERNEL")
+        cf(q)
+    torch._dynamo.reset()
+
+
 def test_env_configuration(monkeypatch):
     monkeypatch.setenv("SAGE_COMPILE_KERNEL", "fp4")
     assert sage_compile.config.resolve().kernel == "fp4"
