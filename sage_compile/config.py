@@ -175,18 +175,12 @@ def int8_train_core(environ=None) -> str:
     return _env_choice(environ, "SAGE_COMPILE_INT8_TRAIN_CORE", INT8_TRAIN_CORES)
 
 
-ENV_NAMES = ("SAGE_COMPILE_KERNEL", "SAGE_COMPILE_DUMP", "SAGE_COMPILE_STRICT")  # what :func:`from_env` reads
-
-
 def state_key() -> Optional[tuple]:
-    """What :func:`resolve` reads besides its arguments, where no context manager is open: the environment
-    variables of :func:`from_env`. ``None`` inside a context manager. Equal keys give equal configurations for
-    equal explicit arguments, so a compiled graph's guard can skip :func:`resolve` (~27 us a call on the CPU
-    machine) while the key is the one it was compiled under."""
-    if _stack():
-        return None
-    env = os.environ
-    return tuple(env.get(n) for n in ENV_NAMES)
+    """What :func:`resolve` reads besides its arguments, where no context manager is open: the environment's
+    part (:func:`from_env`). ``None`` inside a context manager. Equal keys give equal configurations for equal
+    explicit arguments, so a compiled graph's guard can skip :func:`resolve` (~27 us a call on the CPU machine)
+    while the key is the one it was compiled under."""
+    return None if _stack() else tuple(from_env().items())
 
 
 def from_env(environ=None) -> dict:
