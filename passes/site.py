@@ -95,6 +95,11 @@ class Site:
         return "cpu" if t is None else t.device.type
 
     @property
+    def device(self) -> Optional[torch.device]:
+        t = val(self.q)
+        return None if t is None else t.device
+
+    @property
     def head_dim(self) -> int:
         return int(self.q_shape[-1])
 

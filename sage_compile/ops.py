@@ -30,17 +30,12 @@ QUANT_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")
 
 _REFERENCE = {"int8_fp8": _ref_int8_fp8, "int8_fp16": _ref_int8_fp16, "fp4": _ref_fp4, "int8_train": _ref_int8_train}
 _IMPLS: dict[tuple[str, str], types.ModuleType] = {}
-_AUTO: set = set()
 
 
-def register_impl(scheme: str, device_type: str, module, auto: bool = False) -> None:
-    """Register a kernel module (``quantize``/``attention`` as in the reference) for scheme x device.
-
-    ``auto=True`` lets the ``auto`` policy choose it: only for a kernel measured faster than SDPA on
-    that device (conventions.md: auto is the fastest scheme meeting the accuracy goals)."""
+def register_impl(scheme: str, device_type: str, module) -> None:
+    """Register a kernel module (``quantize``/``attention`` as in the reference) for scheme x device. Where
+    ``auto`` chooses it is the policy's matter (:func:`sage_compile.policy.auto_scheme`)."""
     _IMPLS[(scheme, device_type)] = module
-    if auto:
-        _AUTO.add((scheme, device_type))
 
 
 def impl_for(scheme: str, device_type: str):
@@ -52,12 +47,6 @@ def impl_for(scheme: str, device_type: str):
 def has_fast_impl(scheme: str, device_type: str) -> bool:
     _load_kernels(device_type)
     return (scheme, device_type) in _IMPLS
-
-
-def auto_enabled(scheme: str, device_type: str) -> bool:
-    """Whether ``auto`` may pick ``scheme`` on ``device_type`` (a registered kernel that beats SDPA)."""
-    _load_kernels(device_type)
-    return (scheme, device_type) in _AUTO
 
 
 _loaded: set = set()

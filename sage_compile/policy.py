@@ -138,15 +138,57 @@ class UnsupportedSite(RuntimeError):
     """Raised in strict mode (``SAGE_COMPILE_STRICT=1``) for a site that falls back."""
 
 
-def auto_scheme(device_type: str, needs_grad: bool) -> str:
-    """``auto``: on CUDA the fastest scheme meeting the accuracy goals; on CPU ``exact`` (no CPU
-    emulation beats SDPA). A kernel is eligible only once it is registered as faster than SDPA
-    (``ops.register_impl(..., auto=True)``); until then the CUDA choice is ``exact`` too."""
-    if needs_grad or device_type != "cuda":
-        return "exact"
+# auto on CUDA (inference): int8_fp8 at the sites where it is measured faster than SDPA with its default (traced,
+# channel-balanced) prologue, SDPA elsewhere (conventions.md: auto is the fastest scheme meeting the accuracy goals
+# for the site). That takes the sm90 CUDA core (the Triton core with its prologue ties cuDNN at hd128 16K and
+# loses at hd64: 642 vs 643, 418 vs 476 TOPS, H100 run 151), head dim 64 or 128 (the CUDA core's), a 16-bit
+# site without a mask (SDPA's causal flag is fine), and at least AUTO_INT8_FP8_MIN_TOKENS queries and keys: the
+# prologue's cost grows with N, the core's saving with N². H100, with the prologue, against cuDNN in the same
+# process (benchmarks/results/attention_cuda_run151_*, B=4 H=32, TOPS): 16K hd128 724 vs 643, causal 758 vs 597,
+# hd64 617 vs 476, causal 536 vs 475; 4K hd128 629 vs 685, causal 464 vs 536, hd64 468 vs 470, causal 347 vs 429.
+# Attention blocks with RoPE and QK-norm (block_run16[67]_*, traced prologue, attention part ms): Flux 16K 4.827
+# vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431.
+AUTO_INT8_FP8_MIN_TOKENS = 16384
+AUTO_INT8_FP8_HEAD_DIMS = (64, 128)
+
+
+def auto_int8_fp8(site) -> Optional[str]:
+    """Why ``auto`` keeps SDPA at the CUDA inference ``site`` rather than run ``int8_fp8`` (None: it runs
+    ``int8_fp8``); see :data:`AUTO_INT8_FP8_MIN_TOKENS`. Sizes are read as hints (a symbolic size's)."""
+    if site.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {site.dtype} (int8_fp8 is chosen for 16-bit sites only)"
+    if site.mask_kind != "none":
+        return f"a {site.mask_kind} mask (not measured against SDPA)"
+    if site.head_dim not in AUTO_INT8_FP8_HEAD_DIMS:
+        return f"head_dim {site.head_dim} (the CUDA core has {' and '.join(map(str, AUTO_INT8_FP8_HEAD_DIMS))})"
+    nq, nk = (_hint(s[2]) if s is not None else None for s in (site.q_shape, site.k_shape))
+    if nq is None or nk is None:
+        return "sequence lengths unknown"
+    if min(nq, nk) < AUTO_INT8_FP8_MIN_TOKENS:
+        return (f"{nq} queries x {nk} keys: int8_fp8 beats SDPA from {AUTO_INT8_FP8_MIN_TOKENS} of each on the "
+                "sm90 CUDA core")
+    from .kernels.int8_fp8 import cuda
+
+    why = cuda.unavailable(getattr(site, "device", None))
+    return None if why is None else f"no CUDA int8_fp8 core ({why})"
+
+
+def auto_scheme(site, device_type: str) -> tuple[str, str]:
+    """``auto`` at ``site``: (scheme, why). On CUDA for inference ``int8_fp8`` where :func:`auto_int8_fp8` finds
+    it faster than SDPA, else ``exact``; ``exact`` on other devices (no CPU emulation beats SDPA) and where
+    gradients are needed (``int8_train``'s forward + backward is slower than cuDNN's: 0.82-0.90x at hd128, H100
+    runs 146 and 152)."""
+    why = f"auto on {device_type}"
+    if site.requires_grad:
+        return "exact", why + " (gradients needed)"
+    if device_type != "cuda":
+        return "exact", why
     from . import ops
 
-    return "int8_fp8" if ops.auto_enabled("int8_fp8", device_type) else "exact"
+    if not ops.has_fast_impl("int8_fp8", device_type):
+        return "exact", why + ": no int8_fp8 kernel on this GPU"
+    no = auto_int8_fp8(site)
+    return ("exact", f"{why}: {no}") if no else ("int8_fp8", f"{why}: int8_fp8 is faster than SDPA at this size")
 
 
 def decide(site, config, device_type: str) -> Decision:
@@ -171,8 +213,7 @@ def decide(site, config, device_type: str) -> Decision:
     if config.site_override is not None:
         scheme = config.site_override(site) or scheme
     if scheme == "auto":
-        scheme = auto_scheme(device_type, site.requires_grad)
-        why = f"auto on {device_type}" + (" (gradients needed)" if site.requires_grad else "")
+        scheme, why = auto_scheme(site, device_type)
     else:
         why = f"requested {scheme}"
     if site.requires_grad and scheme not in ("exact", "int8_train"):

@@ -135,9 +135,36 @@ def test_compiled_model_uses_kernel():
         out = torch.compile(m, backend="sage", options={"sage_kernel": "int8_fp8"})(x).float()
     assert counters["sage_compile"]["scheme:int8_fp8"] == 2
     assert sage_compile.ops.has_fast_impl("int8_fp8", "cuda")
-    # auto picks a kernel only once it is measured faster than SDPA on the device
-    assert sage_compile.policy.auto_scheme("cuda", False) == ("int8_fp8" if sage_compile.ops.auto_enabled("int8_fp8", "cuda") else "exact")
     assert cos_rel(out, ref)[0] > 0.999
+
+
+class _Sdpa(torch.nn.Module):
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_auto_runs_int8_fp8_on_long_attention_and_keeps_sdpa_on_short():
+    """``backend="sage"`` with its default kernel (``auto``) on the sm90 CUDA core: ``int8_fp8`` at a site of
+    AUTO_INT8_FP8_MIN_TOKENS queries and keys (within the scheme's accuracy), SDPA at one of a quarter of that,
+    the reason in the match report."""
+    from sage_compile.kernels.int8_fp8 import cuda
+    from sage_compile.policy import AUTO_INT8_FP8_MIN_TOKENS
+
+    why = cuda.unavailable()
+    if why is not None:
+        pytest.skip(f"auto keeps SDPA here: {why}")
+    for n, want in ((AUTO_INT8_FP8_MIN_TOKENS, 1), (AUTO_INT8_FP8_MIN_TOKENS // 4, 0)):
+        q, k, v = (torch.randn(1, 2, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        counters.clear()
+        sage_compile.debug.clear_reports()
+        with torch.no_grad():
+            out = torch.compile(_Sdpa(), backend="sage", fullgraph=True)(q, k, v)
+        rows = [r for rows in sage_compile.debug.last_reports() for r in rows]
+        assert counters["sage_compile"]["scheme:int8_fp8"] == want, rows
+        assert len(rows) == 1 and "auto on cuda" in str(rows[0]), rows
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        c, l1 = cos_rel(out.float(), ref)
+        assert c > (0.998 if want else 0.99999) and l1 < (0.08 if want else 0.005), (n, c, l1)
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -354,6 +354,74 @@ def test_policy_int8_train_head_dim_limit_on_cuda():
     assert policy.decide(site, cfg, "cuda").scheme == "int8_train"
 
 
+def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
+    """``auto`` on CUDA for inference: ``int8_fp8`` at 16-bit, unmasked sites of head dim 64 / 128 with at least
+    AUTO_INT8_FP8_MIN_TOKENS queries and keys (hints of symbolic sizes too) where the sm90 CUDA core can serve;
+    ``exact`` elsewhere, the reason in the decision; ``exact`` on CPU and where gradients are needed."""
+    from types import SimpleNamespace
+
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from sage_compile import config, ops, policy
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    n = policy.AUTO_INT8_FP8_MIN_TOKENS
+    monkeypatch.setattr(ops, "has_fast_impl", lambda scheme, device_type: device_type == "cuda")
+    core = {"why": None}
+    monkeypatch.setattr(cuda, "unavailable", lambda device=None: core["why"])
+
+    def site(nq=n, nk=None, d=128, dtype=torch.bfloat16, mask="none", grad=False, causal="none"):
+        nk = nq if nk is None else nk
+        return SimpleNamespace(reject_reason=None, dropout_p=0.0, dtype=dtype, head_dim=d, head_dim_v=d,
+                               dtypes=(dtype,) * 3, hq=4, hkv=4, mask_kind=mask, causal=causal, requires_grad=grad,
+                               q_shape=(1, 4, nq, d), k_shape=(1, 4, nk, d), device=torch.device("cuda", 0))
+
+    cfg = config.resolve()
+    assert cfg.kernel == "auto"
+
+    def dec(s, device_type="cuda"):
+        return policy.decide(s, cfg, device_type)
+
+    for s in (site(), site(causal="top_left"), site(d=64), site(dtype=torch.float16), site(nq=n + 1, nk=2 * n)):
+        d = dec(s)
+        assert d.scheme == "int8_fp8" and "auto on cuda" in d.reason and d.prologue == "traced", d
+    env = ShapeEnv()
+    hinted = env.create_symintnode(env.create_symbol(17776, ConstantSource("n")), hint=17776)
+    assert dec(site(nq=hinted)).scheme == "int8_fp8"
+    kept = {
+        "4096 queries": site(nq=n // 4),
+        f"{n} queries x 226 keys": site(nk=226),
+        "head_dim 80": site(d=80),
+        "float32": site(dtype=torch.float32),
+        "bool mask": site(mask="bool"),
+        "gradients needed": site(grad=True),
+    }
+    for why, s in kept.items():
+        d = dec(s)
+        assert d.scheme is None and not d.fallback and why in d.reason, (why, d)
+    assert dec(site(), "cpu").scheme is None
+    core["why"] = "SAGE_COMPILE_INT8_FP8_CORE=triton"
+    d = dec(site())
+    assert d.scheme is None and "no CUDA int8_fp8 core (SAGE_COMPILE_INT8_FP8_CORE=triton)" in d.reason
+    core["why"] = None
+    monkeypatch.setattr(ops, "has_fast_impl", lambda scheme, device_type: False)
+    assert "no int8_fp8 kernel" in dec(site()).reason
+    # named schemes are not the policy's speed choice
+    assert policy.decide(site(nq=256), config.resolve(kernel="int8_fp8"), "cuda").scheme == "int8_fp8"
+
+
+def test_cuda_core_unavailable_says_why_without_building(monkeypatch):
+    from sage_compile.kernels.int8_fp8 import cuda
+
+    monkeypatch.setenv("SAGE_COMPILE_INT8_FP8_CORE", "triton")
+    assert cuda.unavailable() == "SAGE_COMPILE_INT8_FP8_CORE=triton"
+    monkeypatch.delenv("SAGE_COMPILE_INT8_FP8_CORE")
+    if not torch.cuda.is_available():
+        assert cuda.unavailable() == "no CUDA device"
+    assert not cuda.status()["built"] or cuda.unavailable() is None
+
+
 def test_policy_notes_a_scheme_without_kernel_on_the_device():
     """A scheme that has no kernel on the site's device runs the reference there: the report says so."""
     from types import SimpleNamespace

@@ -21,11 +21,9 @@ except ImportError:  # pragma: no cover - CPU-only installs
 if triton is not None and _capability_ok((8, 9)):
     from . import int8_fp8
 
-    # auto=False: on the H200, with its default prologue, the scheme beats SDPA cuDNN only at hd128 N=16K on
-    # the CUDA core (656 vs 603 TOPS, causal 600 vs 573), ties it at 8K (591 vs 598) and is behind at 4K and
-    # at hd64 (410 vs 462; benchmarks/results/attention_cuda_h200.json, 7b80c98), so ``auto`` keeps SDPA;
-    # ``kernel="int8_fp8"`` selects it.
-    ops.register_impl("int8_fp8", "cuda", int8_fp8.impl, auto=False)
+    # ``auto`` takes it at the sites where it beats SDPA (long attention on the sm90 CUDA core:
+    # sage_compile.policy.AUTO_INT8_FP8_MIN_TOKENS); ``kernel="int8_fp8"`` everywhere
+    ops.register_impl("int8_fp8", "cuda", int8_fp8.impl)
     from . import fp4
 
     # fp4 on Hopper: exact NVFP4 numerics, dequantized to bf16 tensor cores (never an FP4 speed-up)

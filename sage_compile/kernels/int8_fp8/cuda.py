@@ -106,6 +106,29 @@ def status() -> dict:
             "prebuild_s": _state["prebuild_s"], "select_s": _state["select_s"]}
 
 
+def unavailable(device=None) -> Optional[str]:
+    """Why the CUDA core cannot serve calls on ``device`` (default: the current CUDA device), None where it can
+    or may: its build has not failed and nothing rules it out before building (``SAGE_COMPILE_INT8_FP8_CORE``,
+    the device's compute capability, a CUDA toolkit to build with). Never builds: the ``auto`` policy asks this
+    of every CUDA site while a graph compiles (:func:`sage_compile.policy.auto_scheme`)."""
+    from ...config import int8_fp8_core
+
+    if int8_fp8_core() == "triton":
+        return "SAGE_COMPILE_INT8_FP8_CORE=triton"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"the CUDA core needs compute capability 9.0 (sm90a), the device has {cap[0]}.{cap[1]}"
+    if _state["error"]:  # a build that failed (one still running in the background counts as may)
+        return _state["error"]
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit (nvcc) to build the CUDA core"
+    return None
+
+
 def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Tensor], out_dtype: torch.dtype,
                 scale: Optional[float] = None) -> Optional[str]:
     """Why the CUDA core cannot run this call (None when it can). Builds the extension on first use."""
