@@ -147,7 +147,8 @@ class UnsupportedSite(RuntimeError):
 # process (benchmarks/results/attention_cuda_run151_*, B=4 H=32, TOPS): 16K hd128 724 vs 643, causal 758 vs 597,
 # hd64 617 vs 476, causal 536 vs 475; 4K hd128 629 vs 685, causal 464 vs 536, hd64 468 vs 470, causal 347 vs 429.
 # Attention blocks with RoPE and QK-norm (block_run16[67]_*, traced prologue, attention part ms): Flux 16K 4.827
-# vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431.
+# vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431. H200 (block_run155_*, prologue op,
+# block ms): Flux 16K 6.495 vs 7.902, CogVideoX 16K 4.419 vs 6.039; Flux 4K attention part 0.562 vs 0.575.
 AUTO_INT8_FP8_MIN_TOKENS = 16384
 AUTO_INT8_FP8_HEAD_DIMS = (64, 128)
 
