@@ -149,7 +149,8 @@ class UnsupportedSite(RuntimeError):
 # Attention blocks with RoPE and QK-norm (block_run16[67]_*, traced prologue, attention part ms): Flux 16K 4.827
 # vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431. H200 (block_run155_*, prologue op,
 # block ms): Flux 16K 6.495 vs 7.902, CogVideoX 16K 4.419 vs 6.039; Flux 4K attention part 0.562 vs 0.575.
-AUTO_INT8_FP8_MIN_TOKENS = 16384
+AUTO_INT8_FP8_MIN_TOKENS = 8192
+AUTO_INT8_FP8_MIN_TOKENS_CAUSAL = 12288
 AUTO_INT8_FP8_HEAD_DIMS = (64, 128)
 
 
@@ -165,9 +166,10 @@ def auto_int8_fp8(site) -> Optional[str]:
     nq, nk = (_hint(s[2]) if s is not None else None for s in (site.q_shape, site.k_shape))
     if nq is None or nk is None:
         return "sequence lengths unknown"
-    if min(nq, nk) < AUTO_INT8_FP8_MIN_TOKENS:
-        return (f"{nq} queries x {nk} keys: int8_fp8 beats SDPA from {AUTO_INT8_FP8_MIN_TOKENS} of each on the "
-                "sm90 CUDA core")
+    least = AUTO_INT8_FP8_MIN_TOKENS if site.causal == "none" else AUTO_INT8_FP8_MIN_TOKENS_CAUSAL
+    if min(nq, nk) < least:
+        return (f"{nq} queries x {nk} keys: int8_fp8 beats SDPA from {least} of each"
+                + ("" if site.causal == "none" else " (causal)") + " on the sm90 CUDA core")
     from .kernels.int8_fp8 import cuda
 
     why = cuda.unavailable(getattr(site, "device", None))

@@ -145,15 +145,16 @@ class _Sdpa(torch.nn.Module):
 
 def test_auto_runs_int8_fp8_on_long_attention_and_keeps_sdpa_on_short():
     """``backend="sage"`` with its default kernel (``auto``) on the sm90 CUDA core: ``int8_fp8`` at a site of
-    AUTO_INT8_FP8_MIN_TOKENS queries and keys (within the scheme's accuracy), SDPA at one of a quarter of that,
+    AUTO_INT8_FP8_MIN_TOKENS_CAUSAL queries and keys (causal; within the scheme's accuracy), SDPA at one of a
+    quarter of that,
     the reason in the match report."""
     from sage_compile.kernels.int8_fp8 import cuda
-    from sage_compile.policy import AUTO_INT8_FP8_MIN_TOKENS
+    from sage_compile.policy import AUTO_INT8_FP8_MIN_TOKENS_CAUSAL as least
 
     why = cuda.unavailable()
     if why is not None:
         pytest.skip(f"auto keeps SDPA here: {why}")
-    for n, want in ((AUTO_INT8_FP8_MIN_TOKENS, 1), (AUTO_INT8_FP8_MIN_TOKENS // 4, 0)):
+    for n, want in ((least, 1), (least // 4, 0)):
         q, k, v = (torch.randn(1, 2, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         counters.clear()
         sage_compile.debug.clear_reports()
