@@ -142,13 +142,17 @@ class UnsupportedSite(RuntimeError):
 # channel-balanced) prologue, SDPA elsewhere (conventions.md: auto is the fastest scheme meeting the accuracy goals
 # for the site). That takes the sm90 CUDA core (the Triton core with its prologue ties cuDNN at hd128 16K and
 # loses at hd64: 642 vs 643, 418 vs 476 TOPS, H100 run 151), head dim 64 or 128 (the CUDA core's), a 16-bit
-# site without a mask (SDPA's causal flag is fine), and at least AUTO_INT8_FP8_MIN_TOKENS queries and keys: the
-# prologue's cost grows with N, the core's saving with N². H100, with the prologue, against cuDNN in the same
-# process (benchmarks/results/attention_cuda_run151_*, B=4 H=32, TOPS): 16K hd128 724 vs 643, causal 758 vs 597,
-# hd64 617 vs 476, causal 536 vs 475; 4K hd128 629 vs 685, causal 464 vs 536, hd64 468 vs 470, causal 347 vs 429.
-# Attention blocks with RoPE and QK-norm (block_run16[67]_*, traced prologue, attention part ms): Flux 16K 4.827
-# vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431. H200 (block_run155_*, prologue op,
-# block ms): Flux 16K 6.495 vs 7.902, CogVideoX 16K 4.419 vs 6.039; Flux 4K attention part 0.562 vs 0.575.
+# site without a mask (SDPA's causal flag is fine), and at least AUTO_INT8_FP8_MIN_TOKENS queries and keys
+# (AUTO_INT8_FP8_MIN_TOKENS_CAUSAL causal, where the core's work halves and the prologue's does not): the
+# prologue's cost grows with N, the core's saving with N². H100 runs 168 and 170 (benchmarks/bench_auto.py: one
+# SDPA call compiled by Inductor, cuDNN, against backend="sage" naming int8_fp8, batch 1, 24 heads at hd128 and
+# 30 at hd64; results/auto_run1{68,70}_*), speed-up at 4K / 8K / 12K / 16K tokens: hd128 0.87 / 1.17 (1.15) /
+# 1.30 (1.28) / 1.32x, causal 0.75 / 1.06 (1.06) / 1.24 (1.23) / 1.33x; hd64 0.97 / 1.17 (1.16) / 1.24 (1.24) /
+# 1.27x, causal 0.52 / 0.98 (0.99) / 1.13 (1.14) / 1.20x (run 170's repeat in brackets). Attention blocks with
+# RoPE and QK-norm agree at 4K and 16K (block_run16[67]_*, H100, traced prologue, attention part ms): Flux 16K
+# 4.827 vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431; H200 (block_run155_*,
+# prologue op, block ms): Flux 16K 6.495 vs 7.902, CogVideoX 16K 4.419 vs 6.039, Flux 4K attention part 0.562 vs
+# 0.575.
 AUTO_INT8_FP8_MIN_TOKENS = 8192
 AUTO_INT8_FP8_MIN_TOKENS_CAUSAL = 12288
 AUTO_INT8_FP8_HEAD_DIMS = (64, 128)

@@ -356,8 +356,9 @@ def test_policy_int8_train_head_dim_limit_on_cuda():
 
 def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
     """``auto`` on CUDA for inference: ``int8_fp8`` at 16-bit, unmasked sites of head dim 64 / 128 with at least
-    AUTO_INT8_FP8_MIN_TOKENS queries and keys (hints of symbolic sizes too) where the sm90 CUDA core can serve;
-    ``exact`` elsewhere, the reason in the decision; ``exact`` on CPU and where gradients are needed."""
+    AUTO_INT8_FP8_MIN_TOKENS queries and keys (AUTO_INT8_FP8_MIN_TOKENS_CAUSAL causal; hints of symbolic sizes
+    too) where the sm90 CUDA core can serve; ``exact`` elsewhere, the reason in the decision; ``exact`` on CPU and
+    where gradients are needed."""
     from types import SimpleNamespace
 
     from torch._dynamo.source import ConstantSource
@@ -383,15 +384,18 @@ def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
     def dec(s, device_type="cuda"):
         return policy.decide(s, cfg, device_type)
 
-    for s in (site(), site(causal="top_left"), site(d=64), site(dtype=torch.float16), site(nq=n + 1, nk=2 * n)):
+    nc = policy.AUTO_INT8_FP8_MIN_TOKENS_CAUSAL
+    assert nc > n
+    for s in (site(), site(nq=nc, causal="top_left"), site(d=64), site(dtype=torch.float16), site(nq=n + 1, nk=2 * n)):
         d = dec(s)
         assert d.scheme == "int8_fp8" and "auto on cuda" in d.reason and d.prologue == "traced", d
     env = ShapeEnv()
     hinted = env.create_symintnode(env.create_symbol(17776, ConstantSource("n")), hint=17776)
     assert dec(site(nq=hinted)).scheme == "int8_fp8"
     kept = {
-        "4096 queries": site(nq=n // 4),
+        f"{n // 4} queries": site(nq=n // 4),
         f"{n} queries x 226 keys": site(nk=226),
+        f"{n} queries x {n} keys: int8_fp8 beats SDPA from {nc} of each (causal)": site(causal="bottom_right"),
         "head_dim 80": site(d=80),
         "float32": site(dtype=torch.float32),
         "bool mask": site(mask="bool"),
