@@ -142,7 +142,7 @@ class UnsupportedSite(RuntimeError):
 # channel-balanced) prologue, SDPA elsewhere (conventions.md: auto is the fastest scheme meeting the accuracy goals
 # for the site). That takes the sm90 CUDA core (the Triton core with its prologue ties cuDNN at hd128 16K and
 # loses at hd64: 642 vs 643, 418 vs 476 TOPS, H100 run 151), head dim 64 or 128 (the CUDA core's), a 16-bit
-# site without a mask (SDPA's causal flag is fine), and at least AUTO_INT8_FP8_MIN_TOKENS queries and keys
+# site without an additive mask, and at least AUTO_INT8_FP8_MIN_TOKENS queries and keys
 # (AUTO_INT8_FP8_MIN_TOKENS_CAUSAL causal, where the core's work halves and the prologue's does not): the
 # prologue's cost grows with N, the core's saving with N². H100 runs 168 and 170 (benchmarks/bench_auto.py: one
 # SDPA call compiled by Inductor, cuDNN, against backend="sage" naming int8_fp8, batch 1, 24 heads at hd128 and
@@ -153,8 +153,17 @@ class UnsupportedSite(RuntimeError):
 # 4.827 vs 6.144, 4K 0.600 vs 0.571; CogVideoX 16K 3.873 vs 5.408, 4K 0.431 vs 0.431; H200 (block_run155_*,
 # prologue op, block ms): Flux 16K 6.495 vs 7.902, CogVideoX 16K 4.419 vs 6.039, Flux 4K attention part 0.562 vs
 # 0.575.
+# A bool mask (transformers' causal + padding mask, a key-padding mask) takes SDPA off its fast kernels, while
+# int8_fp8 recognises the causal / key-range structures on the device and skips the masked tiles (other bool
+# masks are read in-kernel). H200 run 66 (benchmarks/results/masks_run66_*, the op with the mask against SDPA with
+# it, ms): a padded causal LLM batch (4 x 16 x 4,096, hd128) 0.757 vs 1.792; HunyuanVideo (1 x 24 x 32,896,
+# hd128, key padding) 16.26 vs 31.46; a key mask at hd64 (2 x 24 x 16,384) 6.09 vs 10.84. So from
+# AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK, the shortest measured. (A bool mask of neither structure is read in-kernel by
+# the Triton core without skipping tiles, 0.84 ms at 2 x 16 x 4,096, hd128, H200: not timed against SDPA at that
+# size; the compile cannot tell the structures apart, the device-side check picks the kernel per call.)
 AUTO_INT8_FP8_MIN_TOKENS = 8192
 AUTO_INT8_FP8_MIN_TOKENS_CAUSAL = 12288
+AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK = 4096
 AUTO_INT8_FP8_HEAD_DIMS = (64, 128)
 
 
@@ -163,17 +172,19 @@ def auto_int8_fp8(site) -> Optional[str]:
     ``int8_fp8``); see :data:`AUTO_INT8_FP8_MIN_TOKENS`. Sizes are read as hints (a symbolic size's)."""
     if site.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {site.dtype} (int8_fp8 is chosen for 16-bit sites only)"
-    if site.mask_kind != "none":
-        return f"a {site.mask_kind} mask (not measured against SDPA)"
+    if site.mask_kind not in ("none", "bool"):
+        return f"an {site.mask_kind} mask (not measured against SDPA)"
     if site.head_dim not in AUTO_INT8_FP8_HEAD_DIMS:
         return f"head_dim {site.head_dim} (the CUDA core has {' and '.join(map(str, AUTO_INT8_FP8_HEAD_DIMS))})"
     nq, nk = (_hint(s[2]) if s is not None else None for s in (site.q_shape, site.k_shape))
     if nq is None or nk is None:
         return "sequence lengths unknown"
-    least = AUTO_INT8_FP8_MIN_TOKENS if site.causal == "none" else AUTO_INT8_FP8_MIN_TOKENS_CAUSAL
+    kind, least = (("with a bool mask", AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK) if site.mask_kind == "bool" else
+                   ("causal", AUTO_INT8_FP8_MIN_TOKENS_CAUSAL) if site.causal != "none" else
+                   ("", AUTO_INT8_FP8_MIN_TOKENS))
     if min(nq, nk) < least:
         return (f"{nq} queries x {nk} keys: int8_fp8 beats SDPA from {least} of each"
-                + ("" if site.causal == "none" else " (causal)") + " on the sm90 CUDA core")
+                + (f" ({kind})" if kind else "") + " on the sm90 CUDA core")
     from .kernels.int8_fp8 import cuda
 
     why = cuda.unavailable(getattr(site, "device", None))

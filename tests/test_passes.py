@@ -355,9 +355,10 @@ def test_policy_int8_train_head_dim_limit_on_cuda():
 
 
 def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
-    """``auto`` on CUDA for inference: ``int8_fp8`` at 16-bit, unmasked sites of head dim 64 / 128 with at least
-    AUTO_INT8_FP8_MIN_TOKENS queries and keys (AUTO_INT8_FP8_MIN_TOKENS_CAUSAL causal; hints of symbolic sizes
-    too) where the sm90 CUDA core can serve; ``exact`` elsewhere, the reason in the decision; ``exact`` on CPU and
+    """``auto`` on CUDA for inference: ``int8_fp8`` at 16-bit sites of head dim 64 / 128 without an additive mask
+    with at least AUTO_INT8_FP8_MIN_TOKENS queries and keys (AUTO_INT8_FP8_MIN_TOKENS_CAUSAL causal,
+    AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK with a bool mask; hints of symbolic sizes too) where the sm90 CUDA core
+    can serve; ``exact`` elsewhere, the reason in the decision; ``exact`` on CPU and
     where gradients are needed."""
     from types import SimpleNamespace
 
@@ -386,7 +387,9 @@ def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
 
     nc = policy.AUTO_INT8_FP8_MIN_TOKENS_CAUSAL
     assert nc > n
-    for s in (site(), site(nq=nc, causal="top_left"), site(d=64), site(dtype=torch.float16), site(nq=n + 1, nk=2 * n)):
+    nb = policy.AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK
+    for s in (site(), site(nq=nc, causal="top_left"), site(d=64), site(dtype=torch.float16), site(nq=n + 1, nk=2 * n),
+              site(nq=nb, mask="bool")):
         d = dec(s)
         assert d.scheme == "int8_fp8" and "auto on cuda" in d.reason and d.prologue == "traced", d
     env = ShapeEnv()
@@ -398,7 +401,8 @@ def test_policy_auto_runs_int8_fp8_where_measured_faster(monkeypatch):
         f"{n} queries x {n} keys: int8_fp8 beats SDPA from {nc} of each (causal)": site(causal="bottom_right"),
         "head_dim 80": site(d=80),
         "float32": site(dtype=torch.float32),
-        "bool mask": site(mask="bool"),
+        f"beats SDPA from {nb} of each (with a bool mask)": site(nq=nb // 2, mask="bool"),
+        "an additive mask": site(mask="additive"),
         "gradients needed": site(grad=True),
     }
     for why, s in kept.items():
