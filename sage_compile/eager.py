@@ -41,6 +41,7 @@ class TensorSite:
     k_shape = property(lambda s: tuple(s.k.shape))
     requires_grad = property(lambda s: torch.is_grad_enabled() and any(t.requires_grad for t in (s.q, s.k, s.v)))
     device_type = property(lambda s: s.q.device.type)
+    device = property(lambda s: s.q.device)
     location = "<eager>"
     index = -1
 
