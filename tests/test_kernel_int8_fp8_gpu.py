@@ -146,8 +146,7 @@ class _Sdpa(torch.nn.Module):
 def test_auto_runs_int8_fp8_on_long_attention_and_keeps_sdpa_on_short():
     """``backend="sage"`` with its default kernel (``auto``) on the sm90 CUDA core: ``int8_fp8`` at a site of
     AUTO_INT8_FP8_MIN_TOKENS_CAUSAL queries and keys (causal; within the scheme's accuracy), SDPA at one of a
-    quarter of that,
-    the reason in the match report."""
+    quarter of that, the reason in the match report."""
     from sage_compile.kernels.int8_fp8 import cuda
     from sage_compile.policy import AUTO_INT8_FP8_MIN_TOKENS_CAUSAL as least
 
