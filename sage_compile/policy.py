@@ -164,18 +164,19 @@ class UnsupportedSite(RuntimeError):
 AUTO_INT8_FP8_MIN_TOKENS = 8192
 AUTO_INT8_FP8_MIN_TOKENS_CAUSAL = 12288
 AUTO_INT8_FP8_MIN_TOKENS_BOOL_MASK = 4096
-AUTO_INT8_FP8_HEAD_DIMS = (64, 128)
 
 
 def auto_int8_fp8(site) -> Optional[str]:
     """Why ``auto`` keeps SDPA at the CUDA inference ``site`` rather than run ``int8_fp8`` (None: it runs
     ``int8_fp8``); see :data:`AUTO_INT8_FP8_MIN_TOKENS`. Sizes are read as hints (a symbolic size's)."""
+    from .kernels.int8_fp8 import cuda
+
     if site.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {site.dtype} (int8_fp8 is chosen for 16-bit sites only)"
     if site.mask_kind not in ("none", "bool"):
         return f"an {site.mask_kind} mask (not measured against SDPA)"
-    if site.head_dim not in AUTO_INT8_FP8_HEAD_DIMS:
-        return f"head_dim {site.head_dim} (the CUDA core has {' and '.join(map(str, AUTO_INT8_FP8_HEAD_DIMS))})"
+    if site.head_dim not in cuda.HEAD_DIMS:
+        return f"head_dim {site.head_dim} (the CUDA core has {' and '.join(map(str, cuda.HEAD_DIMS))})"
     nq, nk = (_hint(s[2]) if s is not None else None for s in (site.q_shape, site.k_shape))
     if nq is None or nk is None:
         return "sequence lengths unknown"
@@ -185,8 +186,6 @@ def auto_int8_fp8(site) -> Optional[str]:
     if min(nq, nk) < least:
         return (f"{nq} queries x {nk} keys: int8_fp8 beats SDPA from {least} of each"
                 + (f" ({kind})" if kind else "") + " on the sm90 CUDA core")
-    from .kernels.int8_fp8 import cuda
-
     why = cuda.unavailable(getattr(site, "device", None))
     return None if why is None else f"no CUDA int8_fp8 core ({why})"
 

@@ -42,6 +42,7 @@ log = logging.getLogger("sage_compile")
 SOURCES = ("int8_fp8_sm90.cu", "int8_fp8_sm90_bind.cpp")
 OPS = ("fwd",)  # the torch op of its TORCH_LIBRARY block
 LOG2E = 1.4426950408889634
+HEAD_DIMS = (64, 128)  # the head dims the kernel is built for
 
 _lock = threading.Lock()
 
@@ -138,7 +139,7 @@ def unsupported(q8: torch.Tensor, k8: torch.Tensor, attn_mask: Optional[torch.Te
         return f"softmax scale {scale} (the CUDA core folds a positive row scale into the exp argument)"
     if attn_mask is not None:
         return "masks other than key ranges (with or without bottom-right causal) run on the Triton core"
-    if q8.shape[-1] not in (64, 128):
+    if q8.shape[-1] not in HEAD_DIMS:
         return f"head_dim {q8.shape[-1]} (the CUDA core has 64 and 128)"
     if out_dtype not in (torch.bfloat16, torch.float16):
         return f"output dtype {out_dtype}"
