@@ -9,7 +9,8 @@ timed against other versions of it in one process, on the q/k/v that diffusers h
 CUDA graph, ``do_bench_cudagraph`` median, variants interleaved: without the graph the op is host-bound,
 ~0.5 ms per call on the H200 whatever the shape), wall ms per call (``do_bench``), host ms per call (the Python side: launches, allocations; mean over 50 calls
 issued back to back), and how many quantized values differ from the first variant's (the K mean may
-differ by summation order between versions, which moves a few K values by one step; Q and V must not).
+differ by summation order between versions, which moves a few K values by one step; Q and V must not;
+``--balance-tokens`` variants move Q's and K's values with their channel factors).
 """
 from __future__ import annotations
 
@@ -41,14 +42,16 @@ def _mods():
     return mods
 
 
-# bytes each prologue kernel moves per element of one of Q, K, V (bf16 reads, 1-byte writes; scales and partials
-# left out): the statistics read all three, the row quantizer reads and writes Q and K, V's reads and writes V
-KERNEL_BYTES = {"_chan_stats": 6, "_quant_rows_int8": 6, "_quant_v_fp8": 3, "_stats_finalize": 0}
+# bytes each prologue kernel moves per element of one of Q, K, V (bf16 reads, 1-byte writes; scales, partials and
+# Q's balance sample left out): the statistics read K and V, the row quantizer reads and writes Q and K, V's reads
+# and writes V
+KERNEL_BYTES = {"_chan_stats": 4, "_quant_rows_int8": 6, "_quant_v_fp8": 3, "_stats_finalize": 0}
 
 
-# bytes the op moves per element of one of Q, K, V with channel balancing: each tensor read twice in bf16
-# (statistics, quantization) and written once in one byte (scales and partials left out): its DRAM floor
-OP_BYTES = 3 * (2 * 2 + 1)
+# bytes the op moves per element of one of Q, K, V with channel balancing: K and V read twice in bf16 (statistics,
+# quantization), Q once (its balance sample left out), each written once in one byte: its DRAM floor (variants
+# reading every query move 2 more)
+OP_BYTES = 2 * (2 * 2 + 1) + (2 + 1)
 
 
 def kernel_times(fn, qkv, base: dict, label: str, calls: int = 20) -> list:
@@ -74,6 +77,8 @@ def main():
     ap.add_argument("--n", default="4096,16384")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/prologue.json")
+    ap.add_argument("--balance-tokens", default="",
+                    help="comma list: the current op also with these balance_tokens (variant new_bt<N>; 0: every query)")
     ap.add_argument("--kernels", action="store_true",
                     help="also each kernel's CUDA time in the last variant (torch.profiler, 20 calls) with its bandwidth")
     a = ap.parse_args()
@@ -90,6 +95,8 @@ def main():
             q, k, v = (torch.randn(1, nt, h, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
                        for _ in range(3))
             fns = {name: (lambda m=m: m.quantize(q, k, v, "HND", True)) for name, m in mods.items()}
+            for bt in (int(x) for x in a.balance_tokens.split(",") if x):
+                fns[f"new_bt{bt}"] = lambda bt=bt: mods["new"].quantize(q, k, v, "HND", True, bt)
             outs = {name: f() for name, f in fns.items()}
             ms = {name: [] for name in fns}
             for _ in range(a.reps):

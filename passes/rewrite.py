@@ -116,7 +116,7 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 traced = dec.prologue == "traced"
                 qt = emit("call_function", ops.quantize_int8_fp8_traced.default if traced else
                           _prologue("int8_fp8", options, site.device_type, dec.prologue),
-                          (q, k, v, site.layout, options.int8_channel_rescale))
+                          (q, k, v, site.layout, options.int8_channel_rescale, options.int8_balance_tokens))
                 parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
                 core = ops.attention_int8_fp8_traced if traced else ops.attention_int8_fp8
                 out = emit("call_function", core.default, (*parts, mask, site.causal, scale, site.layout, out_dtype))

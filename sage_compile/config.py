@@ -52,6 +52,12 @@ class Options:
         default: on the outlier set (N=4096) the H200 kernel goes from cos 0.9975 / rel-L1 0.068 to
         0.9991 / 0.041 (hd128; gaussian unchanged, 0.9993 / 0.038) for 7 % of the time with prologue at
         hd128 N=16K (615 -> 569 TOPS), 2 % at hd64 (benchmarks/results/attention_h200.json).
+    int8_balance_tokens: with ``int8_channel_rescale``, Q's channel ranges come from every ``Nq //
+        int8_balance_tokens``-th query (at least that many; 0: every query; default 512), K's from every key. Any
+        factors are exact and Q's per-token scales absorb what a sample misses, so the balance keeps its
+        accuracy (CPU reference, tests/test_reference.py: outlier set within noise of every query's ranges, and
+        better with a query outlier off the sample, which full ranges let flatten the factors) while the
+        prologue reads Q once instead of twice.
     int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``split`` (default: one per row of
         each matmul's own operand — per query row over each 64-key tile for dQ, per key over each 64-query
         block for dK and dV) or ``tile`` (one per 128x64 tile, the paper's). Reference study
@@ -91,6 +97,7 @@ class Options:
     fp4_qk_scale: str = "search"
     fp4_qk_balance: bool = True
     int8_channel_rescale: bool = True
+    int8_balance_tokens: int = 512
     int8_train_psi: str = "split"
     switchable: bool = False
     prologue: str = "auto"
@@ -100,6 +107,10 @@ class Options:
             raise ValueError(f"sage_compile: prologue must be one of {PROLOGUES}, got {self.prologue!r}")
         if self.fp4_qk_scale not in ("amax", "search"):
             raise ValueError(f"sage_compile: fp4_qk_scale must be 'amax' or 'search', got {self.fp4_qk_scale!r}")
+        if isinstance(self.int8_balance_tokens, bool) or not isinstance(self.int8_balance_tokens, int) \
+                or self.int8_balance_tokens < 0:
+            raise ValueError(f"sage_compile: int8_balance_tokens must be an int >= 0 (0: every query), got "
+                             f"{self.int8_balance_tokens!r}")
 
     def encode(self) -> str:
         """The numeric options as a string (an argument of the composed op)."""

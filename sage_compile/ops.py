@@ -107,16 +107,18 @@ def _contig(ts):
 
 # ------------------------------------------------------------------------------------------ int8_fp8
 @torch.library.custom_op("sage_compile::quantize_int8_fp8", mutates_args=())
-def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str,
-                      channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def quantize_int8_fp8(q: Tensor, k: Tensor, v: Tensor, layout: str, channel_rescale: bool = False,
+                      balance_tokens: int = _ref_int8_fp8.BALANCE_TOKENS
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SageAttention2 prologue: K smoothing, (optional Q/K channel balancing), per-token INT8 Q, INT8 K
     with its token scales tied in SageAttention2's per-thread groups (reference.quant.quant_int8_k_groups),
-    per-channel FP8 V (transposed, keys padded with zeros to a multiple of 16)."""
-    return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
+    per-channel FP8 V (transposed, keys padded with zeros to a multiple of 16). ``balance_tokens``: the channel
+    balance reads Q's ranges from a strided sample of at least that many queries (0: all; reference.int8_fp8)."""
+    return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale, balance_tokens))
 
 
 @quantize_int8_fp8.register_fake
-def _(q, k, v, layout, channel_rescale=False):
+def _(q, k, v, layout, channel_rescale=False, balance_tokens=_ref_int8_fp8.BALANCE_TOKENS):
     b, hq, nq, d = _hnd(q, layout)
     _, hkv, nk, _ = _hnd(k, layout)
     e = q.new_empty
@@ -344,12 +346,13 @@ attention_train_traced.register_autograd(
 
 
 @torch.library.triton_op("sage_compile::quantize_int8_fp8_traced", mutates_args=())
-def quantize_int8_fp8_traced(q: Tensor, k: Tensor, v: Tensor, layout: str,
-                             channel_rescale: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def quantize_int8_fp8_traced(q: Tensor, k: Tensor, v: Tensor, layout: str, channel_rescale: bool = False,
+                             balance_tokens: int = _ref_int8_fp8.BALANCE_TOKENS
+                             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`quantize_int8_fp8`, traced by torch.compile (same arguments and results): the graph holds its
     allocations and Triton launches, Inductor makes them, and the kernels' host code runs once per compile."""
     with graph_launches():
-        return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale))
+        return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale, balance_tokens))
 
 
 @torch.library.triton_op("sage_compile::attention_int8_fp8_traced", mutates_args=())
@@ -376,7 +379,7 @@ def run_scheme(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], cau
 
     o = options or Options()
     if scheme == "int8_fp8":
-        qt = ops.quantize_int8_fp8(q, k, v, layout, o.int8_channel_rescale)
+        qt = ops.quantize_int8_fp8(q, k, v, layout, o.int8_channel_rescale, o.int8_balance_tokens)
         return ops.attention_int8_fp8(*qt, attn_mask, causal, scale, layout, q.dtype)
     if scheme == "int8_fp16":
         return ops.attention_int8_fp16(*ops.quantize_int8_fp16(q, k, v, layout), attn_mask, causal, scale, layout, q.dtype)

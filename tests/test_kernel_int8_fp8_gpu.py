@@ -38,13 +38,15 @@ def test_prologue_bit_identical_on_gpu(d):
     want = (*Q.quant_int8(q, 1), *Q.quant_int8_k_groups(k.float() - mean[..., None, :]), *Q.quant_fp8_v(v, 16))
     names = ("q8", "qs", "k8", "ks", "v8", "vs")
     # the channel-balanced prologue, given the GPU's channel factors (conventions.md: bit-identical given
-    # identical smoothed inputs); the factors themselves agree to rounding (torch's CUDA sqrt/division)
-    s_gpu = KQ.channel_scales(q.cuda(), k.cuda(), mean.cuda()).cpu()
-    s_cpu = channel_balance(q.float(), k.float() - mean[..., None, :])[:, :, 0]
+    # identical smoothed inputs); the factors themselves agree to rounding (torch's CUDA sqrt/division); Q's
+    # ranges from every 15th query (balance_tokens=64 of 1000), read in place as a strided view
+    s_gpu = KQ.channel_scales(q.cuda(), k.cuda(), mean.cuda(), 64).cpu()
+    s_cpu = channel_balance(q[:, :, ::15].float(), k.float() - mean[..., None, :])[:, :, 0]
     assert ((s_gpu - s_cpu).abs() <= 2e-7 * s_cpu.abs()).all()
+    assert not torch.equal(s_gpu, KQ.channel_scales(q.cuda(), k.cuda(), mean.cuda(), 0).cpu())
     qr = q.float() * s_gpu.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[:, :, None, :]
     kr = (k.float() - mean[..., None, :]) / s_gpu[:, :, None, :]
-    got_r = [t.cpu() for t in KQ.quantize(q.cuda(), k.cuda(), v.cuda(), "HND", True)[:4]]
+    got_r = [t.cpu() for t in KQ.quantize(q.cuda(), k.cuda(), v.cuda(), "HND", True, 64)[:4]]
     got, want = got + got_r, want + (*Q.quant_int8(qr, 1), *Q.quant_int8_k_groups(kr))
     names = names + ("q8_rescaled", "qs_rescaled", "k8_rescaled", "ks_rescaled")
     for name, a, b in zip(names, got, want):

@@ -201,6 +201,29 @@ def test_prologue_with_channel_rescale_bit_identical():
         assert torch.equal(a, b)
 
 
+def test_prologue_balance_from_a_query_sample_bit_identical():
+    """Q's balance ranges from a strided sample (``balance_tokens=16``: every 9th of 150 queries, a strided
+    view the statistics launch reads in place, HND and NHD): the values are the reference's bits given the
+    K mean; a query outlier off the sample leaves the factors alone, one on it moves them."""
+    q, k, v = _inputs()
+    q[0, 3, 100, 7] = 500.0  # off the sample (100 % 9 != 0)
+    got = KQ.quantize(q, k, v, "HND", True, 16)
+    mean = KQ.k_mean(k)
+    qf, ksm = R.rescale_channels(q.float(), k.float() - mean[..., None, :], None, q[:, :, ::9])
+    want = (*Q.quant_int8(qf, 1), *Q.quant_int8_k_groups(ksm), *Q.quant_fp8_v(v, 16))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(bits(a), bits(b))
+    nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(KQ.quantize(*nhd, "NHD", True, 16), got))
+    s = KQ.channel_scales(q, k, mean, 16)
+    q2 = q.clone()
+    q2[0, 3, 100, 7] = 0.0
+    assert torch.equal(s, KQ.channel_scales(q2, k, mean, 16)) and not torch.equal(s, KQ.channel_scales(q, k, mean, 0))
+    q2[0, 3, 99, 7] = 500.0  # on the sample
+    assert not torch.equal(s[0, 1, 7], KQ.channel_scales(q2, k, mean, 16)[0, 1, 7])
+
+
 @pytest.mark.parametrize("case,flag", [
     (dict(lq=150, lk=150, pad=[0, 37]), 1),  # causal + right padding (training batch)
     # causal + left padding (generation)

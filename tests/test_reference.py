@@ -158,6 +158,38 @@ def test_int8_channel_rescale_meets_the_outlier_goal(rng):
         assert bal[1] <= plain[1] * 1.05 and bal[0] >= 0.9992
 
 
+def test_int8_balance_from_a_query_sample_keeps_the_accuracy(rng):
+    """The channel balance's Q ranges from a strided sample of queries (``balance_tokens``): on the outlier set
+    the error against fp64 SDPA stays that of every query's ranges (even from 32 queries of 2048; the default
+    reads at least 512), and with a query outlier off the sample it is lower: its own scale absorbs it, where
+    every query's ranges let it flatten the factors. A key outlier is seen by K's every-key ranges either way."""
+    S = int8_fp8
+    assert S.stats_stride(2048, 32) == 64 and S.stats_stride(2048, 0) == 1
+    assert S.stats_stride(1023, 512) == 1 and S.stats_stride(16384, 512) == 32
+    from sage_compile.config import Options
+
+    assert Options().int8_balance_tokens == S.BALANCE_TOKENS
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 4, 2048, 64, rng, hkv=2))
+
+    def err(q, k, n):
+        out = S.attention(*S.quantize(q, k, v, "HND", True, n), None, "none", None, "HND", torch.float32)
+        return cos_rel(out, ref64(q, k, v))
+
+    for n in (512, 32):
+        full, part = err(q, k, 0), err(q, k, n)
+        assert 1 - part[0] <= 1.1 * (1 - full[0]) and part[1] <= 1.05 * full[1], (n, full, part)
+    qo, ko = q.clone(), k.clone()
+    qo[0, 2, 1001, :8] = 300.0  # off every sample (1001 % 4 != 0)
+    qo[0, 3, 77, 4:12] = -200.0
+    full, part = err(qo, k, 0), err(qo, k, 512)
+    assert part[0] >= 0.999 and part[1] < 0.5 * full[1], (full, part)
+    ko[0, 1, 1001, :8] = 300.0
+    full, part = err(q, ko, 0), err(q, ko, 512)
+    assert 1 - part[0] <= 1.1 * (1 - full[0]) and part[1] <= 1.05 * full[1], (full, part)
+    q8, qs = S.quantize(qo, k, v, "HND", True)[:2]  # the off-sample outlier is quantized, not clipped
+    assert (q8[0, 2, 1001].float() * qs[0, 2, 1001]).abs().max() > 100
+
+
 @pytest.mark.parametrize("causal", ["none", "top_left"])
 def test_int8_train_gradients(causal, rng):
     """SageBwd reference: gradient cos vs fp32 autograd >= 0.998 on gaussian inputs (issue 5's goal)."""

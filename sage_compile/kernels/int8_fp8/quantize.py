@@ -6,7 +6,8 @@ Bit-identical to :mod:`sage_compile.reference.int8_fp8` given the same K mean (c
 the IEEE quotients, through each row's or channel's correctly rounded reciprocal and one Markstein
 correction (:func:`sage_compile.kernels._common.div_by`; ``div_rn`` for a tile with a divisor out of its
 range), round-to-nearest-even via the 1.5·2²³ trick, clamp before the fp8 cast.
-Two passes over each of Q, K and V: the token reductions (K's channel sum, min and max, Q's and V's
+Two passes over each of K and V, one over Q plus a read of its balance sample (at least ``BALANCE_TOKENS``
+strided tokens, with the channel balance): the token reductions (K's channel sum, min and max, Q's and V's
 largest channel magnitudes) as per-chunk partials (:func:`_chan_stats`, one launch for all three) that one small kernel
 turns into the K mean, the channel factors and V's scales (:func:`_stats_finalize`); then the element-wise
 quantization (one launch per tensor). Five launches in all, where torch's reductions over the token axis
@@ -27,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...reference.int8_fp8 import V_KEY_MULTIPLE
+from ...reference.int8_fp8 import BALANCE_TOKENS, V_KEY_MULTIPLE, token_sample
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
 from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, launch, or_sign, pow2, recip, rne, to_e4m3
@@ -401,10 +402,13 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     return y, s
 
 
-def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """:func:`sage_compile.reference.quant.channel_balance` of (Q, K - mean) without materialising either
-    (:func:`token_stats` with the given mean). ``mean``: (B, Hkv, D) fp32. Returns (B, Hkv, D) fp32."""
-    return token_stats(q_hnd, k_hnd, None, mean=mean)[1]
+def channel_scales(q_hnd: torch.Tensor, k_hnd: torch.Tensor, mean: torch.Tensor,
+                   balance_tokens: int = BALANCE_TOKENS) -> torch.Tensor:
+    """:func:`sage_compile.reference.quant.channel_balance` of (Q's balance sample, K - mean) without
+    materialising either (:func:`token_stats` with the given mean; Q's sample:
+    :func:`sage_compile.reference.int8_fp8.token_sample`). ``mean``: (B, Hkv, D) fp32. Returns (B, Hkv, D)
+    fp32."""
+    return token_stats(token_sample(q_hnd, balance_tokens), k_hnd, None, mean=mean)[1]
 
 
 def quant_v_fp8(v_hnd: torch.Tensor, scale: torch.Tensor, key_multiple: int = V_KEY_MULTIPLE):
@@ -421,16 +425,18 @@ def quant_v_fp8(v_hnd: torch.Tensor, scale: torch.Tensor, key_multiple: int = V_
     return y, scale
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False):
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", channel_rescale: bool = False,
+             balance_tokens: int = BALANCE_TOKENS):
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
-    The token reductions of Q, K and V in one :func:`token_stats` (the K mean, with ``channel_rescale``
-    the Q/K channel factors, V's scales), then one INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s).
+    The token reductions of Q (its balance sample, a strided view: ``balance_tokens``), K and V in one
+    :func:`token_stats` (the K mean, with ``channel_rescale`` the Q/K channel factors, V's scales), then one
+    INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s).
     (Tried and dropped, code at 295bc0b: K's statistics last and K's pass first in reverse program order, so
     that its first tiles would still be in L2; the same bits, 0.7-2.9 % slower at CogVideoX 16K and Flux 4K / 16K,
     2 % faster at CogVideoX 4K: H100 run 153, ``benchmarks/results/prologue_run153_fd9c6b8_h100.log``.)"""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
-    mean, s, vs = token_stats(q if channel_rescale else None, k, v)
+    mean, s, vs = token_stats(token_sample(q, balance_tokens) if channel_rescale else None, k, v)
     q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
     k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True)  # (s is None without channel_rescale)
     v8, vs = quant_v_fp8(v, vs)
