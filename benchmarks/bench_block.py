@@ -1,12 +1,11 @@
 """Attention blocks of real diffusion transformers (random weights): RoPE + QK-norm + attention + output
-projection, as diffusers runs them, compiled up to six ways in one process (issue: fused prologue):
+projection, as diffusers runs them, compiled up to five ways in one process (issue: fused prologue):
 
     inductor   torch.compile, SDPA as Inductor picks it          variant "default"
     sdpa_cudnn torch.compile under sdpa_kernel(CUDNN_ATTENTION)  variant "cudnn"
     int8_fp8   backend="sage", prologue="op" (custom op kernels) variant "unfused"
     int8_fp8   backend="sage", prologue="graph" (Inductor fuses the quantizer into RoPE/QK-norm) variant "fused"
     int8_fp8   backend="sage", prologue="traced" (the op's kernels, launched by Inductor's code) variant "traced"
-    int8_fp8   backend="sage", prologue="split" (Q quantized by Inductor after RoPE, K and V by the traced op) "split"
 
     python benchmarks/bench_block.py --out benchmarks/results/block_h200.json [--models cogvideox,flux] [--n 1024,4096,16384]
         [--variants default,cudnn,unfused,fused] [--profile-host unfused]
@@ -104,7 +103,6 @@ def variants():
         ("int8_fp8", "unfused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="op"), nullctx),
         ("int8_fp8", "fused"): (sage_compile.make_backend(kernel="int8_fp8", prologue="graph"), nullctx),
         ("int8_fp8", "traced"): (sage_compile.make_backend(kernel="int8_fp8", prologue="traced"), nullctx),
-        ("int8_fp8", "split"): (sage_compile.make_backend(kernel="int8_fp8", prologue="split"), nullctx),
     }
 
 

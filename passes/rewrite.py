@@ -52,21 +52,15 @@ def _scale_arg(graph: fx.Graph, site: Site, emit):
 GRAPH_PROLOGUE_SCHEMES = ("int8_fp8", "int8_fp16", "fp4")  # the schemes whose sites call _prologue
 
 
-def _reference_module(scheme: str):
+def _reference_prologue(scheme: str):
     import importlib
 
-    return importlib.import_module(f"sage_compile.reference.{scheme}")
-
-
-def _reference_prologue(scheme: str):
-    return _reference_module(scheme).quantize
+    return importlib.import_module(f"sage_compile.reference.{scheme}").quantize
 
 
 def graph_prologue_functions() -> list:
-    """The Python functions the rewrite may put in a graph: the graph prologue (one per scheme) and
-    ``prologue="split"``'s two (Q's balance sample and Q's quantization)."""
-    ref = _reference_module("int8_fp8")
-    return [_reference_prologue(s) for s in GRAPH_PROLOGUE_SCHEMES] + [ref.balance_sample, ref.quantize_q]
+    """The Python functions the rewrite may put in a graph as the graph prologue (one per scheme)."""
+    return [_reference_prologue(s) for s in GRAPH_PROLOGUE_SCHEMES]
 
 
 def _prologue(scheme: str, options, device_type: str, choice=None):
@@ -119,21 +113,11 @@ def rewrite(gm, sites: list[Site], decisions: list, options=None) -> int:
                 out = emit("call_function", ops.attention.default,
                            (q, k, v, mask, site.causal, scale, site.layout, dec.scheme, options.encode()))
             elif dec.scheme == "int8_fp8":
-                traced = dec.prologue in ("traced", "split")
-                if dec.prologue == "split":  # Q quantized by graph ops (fused with its producers), K and V by
-                    # the traced op, which takes Q's balance sample and returns the channel factors
-                    ref = _reference_module("int8_fp8")
-                    qs = emit("call_function", ref.balance_sample, (q, site.layout, options.int8_balance_tokens))
-                    kv = emit("call_function", ops.quantize_kv_int8_fp8_traced.default,
-                              (qs, k, v, site.layout, options.int8_channel_rescale))
-                    kvp = [emit("call_function", operator.getitem, (kv, i)) for i in range(5)]
-                    qq = emit("call_function", ref.quantize_q, (q, kvp[0], site.layout, options.int8_channel_rescale))
-                    parts = [emit("call_function", operator.getitem, (qq, i)) for i in range(2)] + kvp[1:]
-                else:
-                    qt = emit("call_function", ops.quantize_int8_fp8_traced.default if traced else
-                              _prologue("int8_fp8", options, site.device_type, dec.prologue),
-                              (q, k, v, site.layout, options.int8_channel_rescale, options.int8_balance_tokens))
-                    parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
+                traced = dec.prologue == "traced"
+                qt = emit("call_function", ops.quantize_int8_fp8_traced.default if traced else
+                          _prologue("int8_fp8", options, site.device_type, dec.prologue),
+                          (q, k, v, site.layout, options.int8_channel_rescale, options.int8_balance_tokens))
+                parts = [emit("call_function", operator.getitem, (qt, i)) for i in range(6)]
                 core = ops.attention_int8_fp8_traced if traced else ops.attention_int8_fp8
                 out = emit("call_function", core.default, (*parts, mask, site.causal, scale, site.layout, out_dtype))
             elif dec.scheme == "int8_fp16":

@@ -32,8 +32,8 @@ def rewrite_graph(gm, cfg: _config.Config) -> list[dict]:
                 f"site {s.index} at {s.location}: {d.reason}" for s, d in bad))
     passes.rewrite(gm, sites, decisions, cfg.options)
     graph._sage_compile_done = True
-    graph._sage_compile_graph_prologue = any(d.prologue in ("graph", "split") for d in decisions if d.scheme)
-    graph._sage_compile_traced = any(d.prologue in ("traced", "split") for d in decisions if d.scheme)
+    graph._sage_compile_graph_prologue = any(d.prologue == "graph" for d in decisions if d.scheme)
+    graph._sage_compile_traced = any(d.prologue == "traced" for d in decisions if d.scheme)
     if any(d.scheme == "int8_fp8" and s.device_type == "cuda" for s, d in zip(sites, decisions)):
         _prebuild_cuda_core()
     if any(d.scheme == "int8_train" and s.device_type == "cuda" for s, d in zip(sites, decisions)):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Optional
 
 SCHEMES = ("exact", "int8_fp16", "int8_fp8", "fp4", "int8_train")
 KERNEL_CHOICES = ("auto",) + SCHEMES
-PROLOGUES = ("auto", "graph", "op", "traced", "split")
+PROLOGUES = ("auto", "graph", "op", "traced")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Options:
         128 queries): dQ cos gaussian 0.9983 -> 0.9998, outlier 0.949 -> 0.995, SmolLM2 layers 0.9976 ->
         0.9991. H200 run 37 (benchmarks/results/train_h200.json): forward+backward 4-14 % faster than
         ``tile``; SmolLM2 fine-tune last-20 loss 1.0002x bf16 SDPA's (finetune_smollm2_split64_h200.json).
-    prologue: ``auto`` (default), ``graph``, ``op``, ``traced`` or ``split``. ``graph``: the prologue as plain torch ops in the graph, so
+    prologue: ``auto`` (default), ``graph``, ``op`` or ``traced``. ``graph``: the prologue as plain torch ops in the graph, so
         Inductor fuses it with the ops producing q/k/v — RoPE, QK-norm (compiled with stride padding off,
         :func:`sage_compile._compat.graph_prologue_inductor_patches`; its divisions exact by themselves,
         :func:`sage_compile.reference.quant.div_rn`). ``op``: the prologue custom op (Triton kernels on CUDA: two
@@ -87,10 +87,6 @@ class Options:
         the op's kernels, launched by Inductor's generated code (the kernels' host code and the custom-op dispatch
         run once per compile, not once per call); ``int8_train`` sites the traced training op (as ``graph``);
         other schemes the op.
-        ``split``: ``int8_fp8`` sites quantize Q with graph ops (:func:`sage_compile.reference.int8_fp8.quantize_q`, which
-        Inductor fuses with Q's producers: RoPE writes INT8 Q instead of a bf16 Q the op reads again) and K and V with
-        the traced op :func:`sage_compile.ops.quantize_kv_int8_fp8_traced` (given Q's balance sample, it returns the
-        channel factors Q's quantization takes); other sites as ``traced``. Same values as the op.
     switchable: sites call the composed op, which honours :func:`sage_compile.override` and
         :class:`sage_compile.HybridSteps` at run time (no prologue/core split in the graph).
     """

@@ -355,17 +355,6 @@ def quantize_int8_fp8_traced(q: Tensor, k: Tensor, v: Tensor, layout: str, chann
         return _contig(impl_for("int8_fp8", q.device.type).quantize(q, k, v, layout, channel_rescale, balance_tokens))
 
 
-@torch.library.triton_op("sage_compile::quantize_kv_int8_fp8_traced", mutates_args=())
-def quantize_kv_int8_fp8_traced(q_sample: Tensor, k: Tensor, v: Tensor, layout: str, channel_rescale: bool = False
-                                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """K's and V's part of :func:`quantize_int8_fp8_traced` and the channel factors (``prologue="split"``, whose
-    graph quantizes Q itself: :func:`sage_compile.reference.int8_fp8.quantize_q`). ``q_sample``: Q's balance sample,
-    HND (:func:`sage_compile.reference.int8_fp8.balance_sample`); k, v in ``layout``. Returns ``(s (B, Hkv, D) f32,
-    k8, ks, v8, vs)`` (:func:`sage_compile.reference.int8_fp8.quantize_kv`)."""
-    with graph_launches():
-        return _contig(impl_for("int8_fp8", k.device.type).quantize_kv(q_sample, k, v, layout, channel_rescale))
-
-
 @torch.library.triton_op("sage_compile::attention_int8_fp8_traced", mutates_args=())
 def attention_int8_fp8_traced(q8: Tensor, qs: Tensor, k8: Tensor, ks: Tensor, v8: Tensor, vs: Tensor,
                               attn_mask: Optional[Tensor], causal: str, scale: Optional[float], layout: str,

@@ -88,11 +88,11 @@ def attention_work(site) -> Optional[int]:
 
 
 def prologue_for(site, options, scheme: str, device_type: str) -> str:
-    """``graph``, ``op``, ``traced`` or ``split``: how ``site``'s prologue is emitted under ``options.prologue`` (see
+    """``graph``, ``op`` or ``traced``: how ``site``'s prologue is emitted under ``options.prologue`` (see
     :data:`TRACED_SCHEMES`, :data:`OP_PROLOGUE_MIN_WORK` and :data:`OP_PROLOGUE_ALWAYS` for ``auto``; ``traced``
     for the schemes of :data:`TRACED_SCHEMES`, the op for the others)."""
-    if options.prologue in ("traced", "split"):
-        return options.prologue if scheme in TRACED_SCHEMES else "op"
+    if options.prologue == "traced":
+        return "traced" if scheme in TRACED_SCHEMES else "op"
     if options.prologue == "auto" and device_type == "cuda" and scheme in TRACED_SCHEMES and static_sizes(site):
         return "traced"
     if not graph_prologue(options, device_type):
@@ -113,10 +113,10 @@ def train_prologue(options, device_type: str) -> str:
     compiled step is host-bound: run 125, 69.1 vs 98.7 ms a step with the opaque op), whatever the site: static and
     symbolic sizes (run 126), no mask, a bool mask (run 128) or an additive one (run 134) gave the opaque ops' values
     on a GPU; the opaque one on other devices (the CPU reference would be compiled by Inductor: longer compiles, no
-    speed to gain); ``graph`` on the graph-prologue devices; ``traced`` and ``split`` on every device."""
+    speed to gain); ``graph`` on the graph-prologue devices; ``traced`` on every device."""
     if options.prologue == "auto":
         return "graph" if device_type == "cuda" else "op"
-    if options.prologue in ("traced", "split"):
+    if options.prologue == "traced":
         return "graph"
     return "graph" if options.prologue == "graph" and device_type in GRAPH_PROLOGUE_DEVICES else "op"
 

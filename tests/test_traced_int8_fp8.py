@@ -19,10 +19,8 @@ from sage_compile import config, policy
 
 @pytest.mark.parametrize("scheme,want", [("int8_fp8", "traced"), ("fp4", "op"), ("int8_fp16", "op")])
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
-@pytest.mark.parametrize("prologue", ["traced", "split"])
-def test_traced_prologue_goes_to_the_schemes_with_traced_ops(scheme, want, device, prologue):
-    got = policy.prologue_for(None, config.Options(prologue=prologue), scheme, device)
-    assert got == (prologue if want == "traced" else want)
+def test_traced_prologue_goes_to_the_schemes_with_traced_ops(scheme, want, device):
+    assert policy.prologue_for(None, config.Options(prologue="traced"), scheme, device) == want
 
 
 def test_traced_prologue_decision_and_its_note():
@@ -71,45 +69,6 @@ def probe():
 
 PROLOGUE = {"triton:_chan_stats": 1, "triton:_stats_finalize": 1, "triton:_quant_rows_int8": 2,
             "triton:_quant_v_fp8": 1}
-
-
-def _rope(x, cos, sin):
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    return (x * cos + torch.stack([-x2, x1], -1).flatten(-2) * sin).to(x.dtype)
-
-
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_split_prologue_gives_the_traced_ops_values(monkeypatch, dynamic):
-    """``prologue="split"`` (Q quantized by graph ops after RoPE, K and V by the traced op given Q's balance sample):
-    with eager's bf16 rounding of RoPE's output emulated, the traced ops' output bit for bit, at lengths where the
-    balance sample is a strided view (every 2nd / 4th query), static and symbolic; the graph holds the K/V op and no
-    whole prologue op."""
-    monkeypatch.setattr(torch._inductor.config, "emulate_precision_casts", True)
-
-    def f(q, k, v, cos, sin):
-        return torch.nn.functional.scaled_dot_product_attention(_rope(q, cos, sin), _rope(k, cos, sin), v)
-
-    g = torch.Generator().manual_seed(5)
-    calls = {p: torch.compile(f, backend=sage_compile.make_backend(kernel="int8_fp8", prologue=p), dynamic=dynamic)
-             for p in ("traced", "split")}
-    for n in ((1100, 2100) if dynamic else (1100,)):
-        q, k, v = (torch.randn(1, 4, n, 64, generator=g).bfloat16() for _ in range(3))
-        k[..., 5] += 3
-        cos, sin = (torch.randn(n, 64, generator=g) for _ in range(2))
-        torch._dynamo.reset()
-        want = calls["traced"](q, k, v, cos, sin)
-        torch._dynamo.reset()
-        got, code = run_and_get_code(calls["split"], q, k, v, cos, sin)
-        assert torch.equal(got, want), n
-    assert not re.search(r"quantize_int8_fp8", "\n".join(code))
-
-
-def test_split_prologue_writes_int8_q_in_place_of_ropes_bf16_q(probe):
-    """``prologue="split"`` on Inductor's sm90 code (2048 tokens): RoPE's Q goes straight into Inductor's INT8
-    quantizer, so the wrapper allocates one full-size bf16 buffer (RoPE's K, which the op reads) where the traced
-    ops need two, and the same two full-size int8 buffers (Q's, now Inductor's, and K's)."""
-    a = probe["allocations"]
-    assert a["traced"] == {"bfloat16": 2, "int8": 2} and a["split"] == {"bfloat16": 1, "int8": 2}, a
 
 
 @pytest.mark.parametrize("path,core", [

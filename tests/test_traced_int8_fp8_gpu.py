@@ -128,35 +128,3 @@ def test_traced_ops_under_cuda_graphs():
         got = [t.clone() for t in f(*qkv, None)]
         want = _opaque("HND", "bottom_right")(*qkv, None)
         assert torch.equal(got[-1], want[-1]), seed
-
-
-def _rope(x, cos, sin):
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    return (x * cos + torch.stack([-x2, x1], -1).flatten(-2) * sin).to(x.dtype)
-
-
-@pytest.mark.parametrize("layout,d", [("HND", 128), ("NHD", 64)])
-def test_split_prologue_gives_the_traced_ops_values_on_gpu(monkeypatch, layout, d):
-    """``prologue="split"`` on CUDA (Q's INT8 by Inductor's kernel after RoPE, K and V by the traced op given Q's balance
-    sample, every 4th query of 2100): with eager's bf16 rounding of RoPE's output emulated, the traced ops' output bit
-    for bit; without it, within Inductor's fp32 RoPE of it."""
-    import sage_compile
-
-    def f(q, k, v, cos, sin):
-        if layout == "NHD":  # diffusers' (B, N, H, D) projections, transposed for SDPA
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        return torch.nn.functional.scaled_dot_product_attention(_rope(q, cos, sin), _rope(k, cos, sin), v)
-
-    q, k, v = _inputs(b=1, hq=8, hkv=8, n=2100, d=d, layout=layout)
-    g = torch.Generator().manual_seed(9)
-    cos, sin = (torch.randn(2100, d, generator=g).cuda() for _ in range(2))
-    out = {}
-    for emulate in (True, False):
-        monkeypatch.setattr(torch._inductor.config, "emulate_precision_casts", emulate)
-        for p in ("traced", "split"):
-            torch._dynamo.reset()
-            out[p, emulate] = torch.compile(f, backend=sage_compile.make_backend(kernel="int8_fp8", prologue=p))(
-                q, k, v, cos, sin)
-    assert torch.equal(out["split", True], out["traced", True])
-    a, b = out["split", False].float(), out["traced", False].float()
-    assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.9999

@@ -9,7 +9,6 @@ written (what Inductor would clone for the kernel where it is an input): ``{kern
 ``dynamic``, the graphs of three lengths under dynamic shapes; ``stores``, the stores of Inductor's own kernels for RoPE
 feeding the ops through the backend (Inductor's code for a stand-in sm90 target, never run), with the prologue op,
 the traced ops, and the traced ops without :func:`sage_compile._compat.user_kernel_inputs_realized`."""
-import collections
 import contextlib
 import json
 import re
@@ -119,19 +118,6 @@ def inductor_stores(prologue):
 O._IMPLS[("int8_fp8", "cpu")] = KF.impl
 cpu_inputs = [torch.randn(1, 4, 256, 128, dtype=torch.bfloat16) for _ in range(3)] + [torch.randn(256, 128)] * 2
 result["stores"] = {p: inductor_stores(p) for p in ("op", "traced")}
-
-
-def allocations(prologue, inputs):
-    """Full-size (q's shape) buffers Inductor's wrapper allocates, by dtype, for ``prologue``."""
-    with sm90_codegen():
-        code = generated_code(rope_attention, *inputs, backend=make_backend(kernel="int8_fp8", prologue=prologue))
-    shape = ", ".join(str(n) for n in inputs[0].shape)
-    return collections.Counter(re.findall(r"empty_strided_\w+\(\(%s\), \([\d, ]+\), torch\.(\w+)\)" % shape, code))
-
-
-# 2048 tokens: Q's balance sample (every 4th query) is a strided view, not Q itself
-long_inputs = [torch.randn(1, 4, 2048, 128, dtype=torch.bfloat16) for _ in range(3)] + [torch.randn(2048, 128)] * 2
-result["allocations"] = {p: allocations(p, long_inputs) for p in ("traced", "split")}
 C.user_kernel_inputs_realized = contextlib.nullcontext
 result["stores"]["traced_unpatched"] = inductor_stores("traced")
 print(json.dumps(result))

@@ -57,49 +57,16 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     v8 (B,Hkv,D,Nk16) float8_e4m3fn, vs (B,Hkv,D) f32)``: V transposed, its keys padded with zeros to
     Nk16 = a multiple of :data:`V_KEY_MULTIPLE` (the key count is k8's).
     """
-    q = to_hnd(q, layout)
-    s, k8, ks, v8, vs = quantize_kv(token_sample(q, balance_tokens), k, v, layout, channel_rescale)
-    q8, qs = quantize_q(q, s, "HND", channel_rescale)
-    return q8, qs, k8, ks, v8, vs
-
-
-def quantize_kv(q_sample: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND",
-                channel_rescale: bool = False):
-    """K's and V's part of :func:`quantize`, and the channel factors Q's part takes (:func:`quantize_q`).
-
-    Args:
-        q_sample: ``(B, Hq, n, D)`` HND: Q's balance sample (:func:`token_sample`; read with
-            ``channel_rescale`` only). k, v: ``(B, Hkv, Nk, D)`` in ``layout``.
-    Returns:
-        ``(s (B, Hkv, D) f32 (the channel factors; ones without channel_rescale), k8, ks, v8, vs)`` as
-        :func:`quantize`'s.
-    """
-    k, v = (to_hnd(t, layout) for t in (k, v))
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     ksm, mean = smooth_k(k)
-    if channel_rescale:
-        s = channel_balance(q_sample, ksm, smoothed_amax(k, mean))
-        ksm = div_rn(ksm, s)
-    else:
-        s = torch.ones_like(mean)
+    qf = q.float()
+    if channel_rescale:  # Q's channel amax read in q's own dtype (exact): a compiled graph then keeps the
+        # producer's output (RoPE, QK-norm) in that dtype for the reduction and the quantizer, not in fp32
+        qf, ksm = rescale_channels(qf, ksm, smoothed_amax(k, mean), token_sample(q, balance_tokens))
+    q8, qs = quant_int8(qf, 1)
     k8, ks = quant_int8_k_groups(ksm)
     v8, vs = quant_fp8_v(v, V_KEY_MULTIPLE)
-    return s[:, :, 0], k8, ks, v8, vs
-
-
-def quantize_q(q: torch.Tensor, s: torch.Tensor, layout: str = "HND", channel_rescale: bool = True):
-    """Q's part of :func:`quantize`: per-token INT8 of Q·diag(s) (of Q without ``channel_rescale``). q ``(B, Hq,
-    Nq, D)`` in ``layout``, s ``(B, Hkv, D)`` f32 (:func:`quantize_kv`). Returns ``(q8, qs)`` as :func:`quantize`'s.
-    As a graph function (``prologue="split"``) Inductor fuses it with Q's producers (RoPE, QK-norm)."""
-    qf = to_hnd(q, layout).float()
-    if channel_rescale:
-        qf = qf * engine.gqa_expand(s[:, :, None, :], qf.shape[1])
-    return quant_int8(qf, 1)
-
-
-def balance_sample(q: torch.Tensor, layout: str = "HND", tokens: int = BALANCE_TOKENS) -> torch.Tensor:
-    """Q's balance sample in HND (:func:`token_sample` of ``q`` in ``layout``): the graph function ``prologue="split"``
-    hands :func:`quantize_kv`."""
-    return token_sample(to_hnd(q, layout), tokens)
+    return q8, qs, k8, ks, v8, vs
 
 
 def rescale_channels(qf: torch.Tensor, ksm: torch.Tensor, k_amax: Optional[torch.Tensor] = None,

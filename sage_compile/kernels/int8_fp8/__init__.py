@@ -8,4 +8,4 @@ import types
 from . import attention as _attention
 from . import quantize as _quantize
 
-impl = types.SimpleNamespace(quantize=_quantize.quantize, quantize_kv=_quantize.quantize_kv, attention=_attention.attention)
+impl = types.SimpleNamespace(quantize=_quantize.quantize, attention=_attention.attention)

@@ -429,31 +429,15 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
              balance_tokens: int = BALANCE_TOKENS):
     """Same contract as :func:`sage_compile.reference.int8_fp8.quantize`; inputs are never modified.
 
-    :func:`quantize_kv` (the token reductions of Q's balance sample, a strided view, of K and of V in one
-    :func:`token_stats`, then the INT8 pass over (K - mean)/s and the FP8 pass over V), then the INT8 pass over
-    Q·s (:func:`quantize_q`).
+    The token reductions of Q (its balance sample, a strided view: ``balance_tokens``), K and V in one
+    :func:`token_stats` (the K mean, with ``channel_rescale`` the Q/K channel factors, V's scales), then one
+    INT8 / FP8 pass over each tensor (Q·s, (K - mean)/s).
     (Tried and dropped, code at 295bc0b: K's statistics last and K's pass first in reverse program order, so
     that its first tiles would still be in L2; the same bits, 0.7-2.9 % slower at CogVideoX 16K and Flux 4K / 16K,
     2 % faster at CogVideoX 4K: H100 run 153, ``benchmarks/results/prologue_run153_fd9c6b8_h100.log``.)"""
-    q = to_hnd(q, layout)
-    s, k8, ks, v8, vs = quantize_kv(token_sample(q, balance_tokens), k, v, layout, channel_rescale)
-    q8, qs = quantize_q(q, s, "HND", channel_rescale)
-    return q8, qs, k8, ks, v8, vs
-
-
-def quantize_kv(q_sample: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND",
-                channel_rescale: bool = False):
-    """Same contract as :func:`sage_compile.reference.int8_fp8.quantize_kv` (s, k8, ks, v8, vs)."""
-    k, v = (to_hnd(t, layout) for t in (k, v))
-    mean, s, vs = token_stats(q_sample if channel_rescale else None, k, v)
+    q, k, v = (to_hnd(t, layout) for t in (q, k, v))
+    mean, s, vs = token_stats(token_sample(q, balance_tokens) if channel_rescale else None, k, v)
+    q8, qs = quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
     k8, ks = quant_rows_int8(k, mean, s, 2, k_groups=True)  # (s is None without channel_rescale)
     v8, vs = quant_v_fp8(v, vs)
-    if s is None:
-        s = torch.ones_like(mean)
-    return s, k8, ks, v8, vs
-
-
-def quantize_q(q: torch.Tensor, s: torch.Tensor, layout: str = "HND", channel_rescale: bool = True):
-    """Same contract as :func:`sage_compile.reference.int8_fp8.quantize_q` (q8, qs)."""
-    q = to_hnd(q, layout)
-    return quant_rows_int8(q, None, s, 1) if channel_rescale else quant_rows_int8(q)
+    return q8, qs, k8, ks, v8, vs
