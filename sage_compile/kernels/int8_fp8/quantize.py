@@ -18,7 +18,9 @@ the statistics launch, run by each (batch, kv head)'s last program (a barrier, a
 at the end of every statistics program). The op, same process: CogVideoX 4K / 16K 0.0670 -> 0.0693 / 0.2048 ->
 0.2065 ms, Flux 0.1149 -> 0.1279 / 0.3443 -> 0.3573 ms; its statistics kernel took 0.087 / 0.147 ms at 16K, where
 run 97's profile of the five launches had 0.076 / 0.119 ms plus the finalize's 0.010 / 0.016 ms. Run 96 had merged
-all five launches, slower still.
+all five launches, slower still. Also dropped (code at a45f921): ``prologue="split"``, Q quantized by Inductor after
+RoPE (no bf16 Q in memory) and K, V by a traced op given Q's balance sample: slower on an H100 (run 172, the Flux 16K
+block's prologue 0.395 vs 0.273 ms with this op traced, CogVideoX 16K 0.250 vs 0.234 ms).
 """
 from __future__ import annotations
 
