@@ -1,8 +1,9 @@
 """Q's channel ranges from a token sample (``Options.int8_balance_tokens``), with the reference numerics (what the
 int8_fp8 kernels compute, bit for bit given the K mean): output cos / rel-L1 vs fp64 SDPA of the channel-balanced
 prologue with Q's ranges from every query (``bt0``) and from strided samples of at least 512 (the default), 128 and
-32 queries, on the gaussian and outlier sets (B=1, 4 query / 2 key heads, hd64 and hd128, 2048 tokens), the outlier
-set with a query outlier off the samples (``outlier+q``), and SmolLM2-135M's real q/k/v (every 5th layer, 2048
+32 queries (and, on the outlier sets, no balance), on the gaussian and outlier sets (B=1, 4 query / 2 key heads, hd64 and hd128, 2048 tokens), the outlier
+set with a query outlier off the samples (``outlier+q``) and on them (``outlier+q0``: the first query, which every
+sample reads), and SmolLM2-135M's real q/k/v (every 5th layer, 2048
 tokens, causal; needs the weights, see smollm2.py; ``--no-smollm2`` skips them). CPU only:
 
     python benchmarks/ablation_balance_sample.py --out benchmarks/results/ablation_balance_sample_cpu.json
@@ -31,10 +32,13 @@ def sets(n, smollm2_layers):
         yield "gaussian", d, [(*(torch.randn(1, h, n, d, generator=g).bfloat16() for h in (4, 2, 2)), False)]
         q, k, v = (t.bfloat16() for t in outlier_inputs(1, 4, n, d, g, hkv=2))
         yield "outlier", d, [(q, k, v, False)]
-        q = q.clone()
-        q[0, 2, 1001, :8] = 300.0  # off every sample here (1001 is odd)
-        q[0, 3, 77, 4:12] = -200.0
-        yield "outlier+q", d, [(q, k, v, False)]
+        qo = q.clone()
+        qo[0, 2, 1001, :8] = 300.0  # off every sample here (1001 is odd)
+        qo[0, 3, 77, 4:12] = -200.0
+        yield "outlier+q", d, [(qo, k, v, False)]
+        qo = q.clone()
+        qo[0, 2, 0, :8] = 300.0  # on every sample (the first query)
+        yield "outlier+q0", d, [(qo, k, v, False)]
     if smollm2_layers:
         import smollm2
 
@@ -59,19 +63,20 @@ def main():
     recs = []
     for name, d, cases in sets(a.n, a.smollm2_layers):
         row = []
-        for bt in TOKENS:
+        for bt in TOKENS + ((None,) if name.startswith("outlier") else ()):
             vals = []
             for q, k, v, causal in cases:
                 ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                                        is_causal=causal, enable_gqa=True)
-                out = R.attention(*R.quantize(q, k, v, "HND", True, bt), None, "top_left" if causal else "none",
-                                  None, "HND", torch.float32)
+                qt = R.quantize(q, k, v, "HND", bt is not None, bt or 0)  # None: no channel balance
+                out = R.attention(*qt, None, "top_left" if causal else "none", None, "HND", torch.float32)
                 vals.append(cos_rel(out, ref))
             c, r = (sum(x[i] for x in vals) / len(vals) for i in (0, 1))
-            base = dict(meta, variant=f"bt{bt}", inputs=name, head_dim=d, seq_len=a.n, causal=cases[0][3],
-                        note=f"balance_tokens={bt} (0: every query); mean over {len(vals)} case(s)")
+            var = "no_balance" if bt is None else f"bt{bt}"
+            base = dict(meta, variant=var, inputs=name, head_dim=d, seq_len=a.n, causal=cases[0][3],
+                        note=f"balance_tokens={bt} (0: every query; None: no channel balance); mean over {len(vals)} case(s)")
             recs += [dict(base, metric="cos", value=c), dict(base, metric="rel_l1", value=r)]
-            row.append(f"bt{bt} {c:.6f}/{r:.5f}")
+            row.append(f"{var} {c:.6f}/{r:.5f}")
         print(f"{name:10s} hd{d:<3d} " + "  ".join(row), flush=True)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:

@@ -60,9 +60,8 @@ class Options:
         outlier hd64 0.99924 / 0.0369 vs 0.99922 / 0.0374, SmolLM2 layers 0.99968 / 0.0230 vs 0.99968 / 0.0229;
         with a query outlier off the sample 0.9956 / 0.078 vs 0.9991 / 0.038 (hd64; the outlier's range
         flattens every query's factors where it is read). Known limit, sample or not: one query outlier that is
-        read (the first query always is) leaves the balance worse than none on that set (hd64 cos 0.9952 vs 0.9978,
-        hd128 0.9931 vs 0.9973, 300 in 8 channels of one query; a CPU probe with Q's mean |q| instead of its amax
-        held 0.9992 there but lost 2-6e-5 of cos on SmolLM2's layers, so the amax stays).
+        read (the first query always is) leaves the balance worse than none on that set (``outlier+q0``, 300 in 8
+        channels of query 0: cos 0.9949 vs 0.9978 without the balance at hd64, 0.9926 vs 0.9972 at hd128).
     int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``split`` (default: one per row of
         each matmul's own operand — per query row over each 64-key tile for dQ, per key over each 64-query
         block for dK and dV) or ``tile`` (one per 128x64 tile, the paper's). Reference study
