@@ -20,7 +20,9 @@ at the end of every statistics program). The op, same process: CogVideoX 4K / 16
 run 97's profile of the five launches had 0.076 / 0.119 ms plus the finalize's 0.010 / 0.016 ms. Run 96 had merged
 all five launches, slower still. Also dropped (code at a45f921): ``prologue="split"``, Q quantized by Inductor after
 RoPE (no bf16 Q in memory) and K, V by a traced op given Q's balance sample: slower on an H100 (run 172, the Flux 16K
-block's prologue 0.395 vs 0.273 ms with this op traced, CogVideoX 16K 0.250 vs 0.234 ms).
+block's prologue 0.395 vs 0.273 ms with this op traced, CogVideoX 16K 0.250 vs 0.234 ms). Read in Inductor's sm90 code on
+the CPU (Flux 4K): its Q quantizer divides per element (IEEE) where :func:`_quant_rows_int8` multiplies by each row's
+reciprocal and corrects once, and diffusers' RoPE still writes its rotated half (a bf16 stack) for it to read.
 """
 from __future__ import annotations
 
