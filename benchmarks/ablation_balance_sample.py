@@ -1,10 +1,10 @@
 """Q's channel ranges from a token sample (``Options.int8_balance_tokens``), with the reference numerics (what the
 int8_fp8 kernels compute, bit for bit given the K mean): output cos / rel-L1 vs fp64 SDPA of the channel-balanced
 prologue with Q's ranges from every query (``bt0``) and from strided samples of at least 512 (the default), 128 and
-32 queries (and, on the outlier sets, no balance), on the gaussian and outlier sets (B=1, 4 query / 2 key heads, hd64 and hd128, 2048 tokens), the outlier
-set with a query outlier off the samples (``outlier+q``) and on them (``outlier+q0``: the first query, which every
-sample reads), and SmolLM2-135M's real q/k/v (every 5th layer, 2048
-tokens, causal; needs the weights, see smollm2.py; ``--no-smollm2`` skips them). CPU only:
+32 queries (on the outlier sets also without the balance), on the gaussian and outlier sets (B=1, 4 query / 2 key
+heads, hd64 and hd128, 2048 tokens), the outlier set with a query outlier off the samples (``outlier+q``) and on
+them (``outlier+q0``: the first query, which every sample reads), and SmolLM2-135M's real q/k/v (every 5th layer,
+2048 tokens, causal; needs the weights, see smollm2.py; ``--smollm2-layers 0`` skips them). CPU only:
 
     python benchmarks/ablation_balance_sample.py --out benchmarks/results/ablation_balance_sample_cpu.json
 """
@@ -63,11 +63,11 @@ def main():
     recs = []
     for name, d, cases in sets(a.n, a.smollm2_layers):
         row = []
+        refs = [torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                                                 enable_gqa=True) for q, k, v, causal in cases]
         for bt in TOKENS + ((None,) if name.startswith("outlier") else ()):
             vals = []
-            for q, k, v, causal in cases:
-                ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                                                       is_causal=causal, enable_gqa=True)
+            for (q, k, v, causal), ref in zip(cases, refs):
                 qt = R.quantize(q, k, v, "HND", bt is not None, bt or 0)  # None: no channel balance
                 out = R.attention(*qt, None, "top_left" if causal else "none", None, "HND", torch.float32)
                 vals.append(cos_rel(out, ref))
