@@ -5,8 +5,13 @@ MUFU.EX2 issue at 16 per clock and SM on sm_90 (an eighth of the FP32 rate): rep
 F2I roundings paid 1.09-1.20x; I2FP (int32 -> fp32) is not that slow (results/ab_kernels_run39_*).
 
     python benchmarks/sass_mix.py [--kernels fwd,dkdv_split,dq,int8_fp8] [--hd 128] [--dump DIR]
+    python benchmarks/sass_mix.py --csrc [--hd 128]
 
-Signatures are specialised as the JIT does on the GPU (pointers and sizes divisible by 16).
+Signatures are specialised as the JIT does on the GPU (pointers and sizes divisible by 16). ``--csrc``: the CUDA
+kernels of ``csrc/`` instead (nvcc -cubin with the extension's flags, needs nvcc, not a GPU): the non-causal bf16
+kernels at ``--hd``, each innermost loop of 64 or more instructions (one step of the kernel's main or edge loop)
+with its length and mix: a consumer warp issues at most one instruction a clock, so a loop's length sets the
+step's issue time, beside the tensor cores' time for the step's products.
 """
 from __future__ import annotations
 
@@ -48,16 +53,22 @@ def sass_of(kernel, dump=None, name="k"):
     return sass, res
 
 
-def mix(sass: str):
-    """(counts over the whole kernel, counts inside loops) by instruction class (the mnemonic before its
-    first dot). A loop is the range from a branch's target up to a later branch back to it."""
-    ins = []  # (address, mnemonic, branch target or None)
+def _parse(sass: str):
+    """The instructions of a SASS listing as (address, mnemonic, branch target or None), and its loops: the
+    ranges (lo, hi) from a branch's target up to a later branch back to it."""
+    ins = []
     for l in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)([^;]*)", l)
         if m:
             t = re.match(r"\s+(0x[0-9a-f]+)", m.group(3)) if m.group(2) == "BRA" else None
             ins.append((int(m.group(1), 16), m.group(2), int(t.group(1), 16) if t else None))
-    loops = [(t, a) for a, _, t in ins if t is not None and t < a]
+    return ins, [(t, a) for a, _, t in ins if t is not None and t < a]
+
+
+def mix(sass: str):
+    """(counts over the whole kernel, counts inside loops) by instruction class (the mnemonic before its
+    first dot)."""
+    ins, loops = _parse(sass)
     tot, lp = collections.Counter(), collections.Counter()
     for a, op, _ in ins:
         for c in (op, "ALL"):
@@ -87,12 +98,78 @@ def kernels(hd: int):
     }
 
 
+# --csrc: (source, mangled name of the kernel's non-causal bf16 instance at head dim {d} (the masks' key-range
+# variant of the int8_fp8 core excluded), what one step of a warpgroup multiplies)
+CSRC = {
+    "int8_fp8": ("int8_fp8_sm90.cu", r"_ZN9sage_sm9010fwd_kernelILi{d}ELi\d+ELb0ELb0E13__nv_bfloat16E",
+                 "64 queries x 128 keys: S (s8) and PV (e4m3)"),
+    "train_fwd": ("int8_train_sm90.cu", r"_ZN9sage_sm905train10fwd_kernelILi{d}ELi\d+ELb0E13__nv_bfloat16",
+                  "64 queries x 64 keys: S and PV (s8)"),
+    "train_dkdv": ("int8_train_sm90.cu", r"_ZN9sage_sm905train11dkdv_kernelILi{d}ELi\d+ELb0E13__nv_bfloat16",
+                   "64 keys x 64 queries: S^T, dV, dK (s8), dP^T (bf16)"),
+    "train_dq": ("int8_train_sm90.cu", r"_ZN9sage_sm905train9dq_kernelILi{d}ELi\d+ELb0E13__nv_bfloat16",
+                 "64 queries x 64 keys: S, dQ (s8), dP (bf16)"),
+}
+
+
+def csrc_loops(hd: int, dump=None):
+    """``{kernel: (step, [(loop length, Counter of its mnemonics), ...])}`` for :data:`CSRC`'s kernels, each
+    innermost loop of 64 or more instructions (nvcc -cubin of the csrc sources with the extension's flags)."""
+    import glob
+
+    from sage_compile.kernels import cuda_ext
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc")
+    d = dump or tempfile.mkdtemp()
+    os.makedirs(d, exist_ok=True)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out = {}
+    for src in sorted({v[0] for v in CSRC.values()}):
+        cubin = os.path.join(d, src.replace(".cu", ".cubin"))
+        subprocess.run(["nvcc", *cuda_flags_no_lineinfo(cuda_ext), "-cubin", "-o", cubin, os.path.join(root, src)],
+                       check=True, capture_output=True, text=True)
+        listing = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        funcs = re.split(r"\n\s*Function : ", listing)
+        for name, (s, pat, step) in CSRC.items():
+            if s != src:
+                continue
+            body = next(f for f in funcs if re.match(pat.format(d=hd), f))
+            ins, loops = _parse(body)
+            inner = [(lo, hi) for lo, hi in loops
+                     if not any((lo, hi) != (l2, h2) and lo <= l2 and h2 <= hi for l2, h2 in loops)]
+            res = []
+            for lo, hi in sorted(set(inner)):
+                ops = collections.Counter(op for a, op, _ in ins if lo <= a <= hi)
+                if sum(ops.values()) >= 64:
+                    res.append((sum(ops.values()), ops))
+            out[name] = (step, res)
+    return out
+
+
+def cuda_flags_no_lineinfo(cuda_ext):
+    return [f for f in cuda_ext.cuda_flags() if f != "-lineinfo"]
+
+
+def main_csrc(hd: int, dump=None):
+    print(f"hd{hd}  CUDA kernels (csrc/, nvcc offline): each innermost loop of >= 64 instructions (a step of "
+          "one consumer warp), its length and mix")
+    for name, (step, loops) in csrc_loops(hd, dump).items():
+        print(f"{name}: one step of a warpgroup = {step}")
+        for n, ops in loops:
+            top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
+            print(f"  {n:4d} instructions: {top}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernels", default="fwd,dkdv_split,dq,int8_fp8")
     ap.add_argument("--hd", type=int, default=128)
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--csrc", action="store_true", help="the CUDA kernels of csrc/ instead of the Triton cores")
     a = ap.parse_args()
+    if a.csrc:
+        main_csrc(a.hd, a.dump)
+        return
     ks = kernels(a.hd)
     cols = ("ALL",) + CLASSES
     print(f"hd{a.hd}  loop instructions by class (whole kernel in brackets); STACK = spill bytes")
