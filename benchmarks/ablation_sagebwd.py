@@ -8,8 +8,11 @@ Variants: ``sagebwd`` (the defaults: ψ(dS) per 128x64 tile, K per 64 tokens, dO
 ``dp_int8`` (dO·Vᵀ in INT8 too: the paper's ablation), finer ψ(dS) tiles (64x64, 16x64, 1x64 = one
 scale per query row per key tile, for dQ and dK alike: a simulation only, dK's integer dot cannot
 factor per-query scales), ``k_token`` (K per token), ``rescale`` (Q/K channel balancing, exact in real
-arithmetic), ``rescale+ds_16x64``, and ``psi_split`` (the finest scales a kernel can use: per query row for
-dQ, per key for dK and for P in dV) alone and with ``rescale``. Writes JSON records and a PNG chart.
+arithmetic), ``rescale+ds_16x64``, ``psi_split`` (the finest scales a kernel can use: per query row for
+dQ, per key for dK and for P in dV; the CUDA kernels' numerics) alone and with ``rescale``, and
+``psi_split+fwd_tile128`` (the forward's softmax tiles, so its per-token P̃ scales, and V's scales over 128 keys
+instead of 64: half the forward's per-step work, ``benchmarks/sass_mix.py --csrc``). ``--variants`` picks some.
+Records cos / rel-L1 of O (the forward) and of the gradients. Writes JSON records and a PNG chart.
 """
 from __future__ import annotations
 
@@ -35,22 +38,23 @@ VARIANTS = {
     "rescale+ds_16x64": dict(rescale=True, ds_block=(16, 64)),
     "psi_split": dict(psi="split"),
     "rescale+psi_split": dict(rescale=True, psi="split"),
+    "psi_split+fwd_tile128": dict(psi="split", fwd_tile=128),
 }
 
 
 def exact_grads(q, k, v, do, causal):
-    """fp64 autograd of exact attention (GQA by repetition)."""
+    """fp64 O and autograd of exact attention (GQA by repetition): ``(o, dq, dk, dv)``."""
     qq, kk, vv = (t.double().requires_grad_() for t in (q, k, v))
     g = q.shape[1] // k.shape[1]
     o = torch.nn.functional.scaled_dot_product_attention(qq, kk.repeat_interleave(g, 1), vv.repeat_interleave(g, 1),
                                                          is_causal=causal)
-    return torch.autograd.grad(o, (qq, kk, vv), do.double())
+    return (o.detach(), *torch.autograd.grad(o, (qq, kk, vv), do.double()))
 
 
 def metrics(got, want):
     from helpers import cos_rel
 
-    return {n: cos_rel(a.double(), w) for n, a, w in zip(("dq", "dk", "dv"), got, want)}
+    return {n: cos_rel(a.double(), w) for n, a, w in zip(("o", "dq", "dk", "dv"), got, want)}
 
 
 def sets(n, d, layers):
@@ -75,22 +79,24 @@ def main():
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--layers", type=int, default=6, help="every k-th SmolLM2 layer (0: skip SmolLM2)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     a = ap.parse_args()
+    variants = {v: VARIANTS[v] for v in a.variants.split(",")}
     from sage_compile.reference.int8_train import gradients_ablation
 
     meta = dict(device="cpu", torch=torch.__version__, date=datetime.date.today().isoformat(),
                 command="python " + " ".join(sys.argv), kernel="int8_train")
     recs, table = [], {}
     for name, cases in sets(a.n, a.d, a.layers):
-        acc = {v: {"dq": [], "dk": [], "dv": []} for v in VARIANTS}
+        acc = {v: {"o": [], "dq": [], "dk": [], "dv": []} for v in variants}
         for q, k, v, causal in cases:
             do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).bfloat16()
             want = exact_grads(q, k, v, do, causal)
-            for var, kw in VARIANTS.items():
-                _, *got = gradients_ablation(q, k, v, do, "top_left" if causal else "none", **kw)
+            for var, kw in variants.items():
+                got = gradients_ablation(q, k, v, do, "top_left" if causal else "none", **kw)
                 for g, (c, r) in metrics(got, want).items():
                     acc[var][g].append((c, r))
-        for var in VARIANTS:
+        for var in variants:
             row = {}
             for g, vals in acc[var].items():
                 c = sum(x[0] for x in vals) / len(vals)
@@ -111,14 +117,14 @@ def main():
         import matplotlib.pyplot as plt
 
         names = sorted({k[0] for k in table}, key=["gaussian", "outlier", "smollm2"].index)
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=False)
-        for ax, g in zip(axes, ("dq", "dk", "dv")):
+        fig, axes = plt.subplots(1, 4, figsize=(20, 4), sharey=False)
+        for ax, g in zip(axes, ("o", "dq", "dk", "dv")):
             w = 0.8 / len(names)
             for i, nm in enumerate(names):
-                ax.bar([j + i * w for j in range(len(VARIANTS))], [table[(nm, v)][g][0] for v in VARIANTS], w, label=nm)
-            ax.set_xticks([j + 0.4 - w / 2 for j in range(len(VARIANTS))], list(VARIANTS), rotation=45, ha="right")
-            ax.set_title(f"{g}: cos vs fp64 autograd")
-            ax.set_ylim(min(table[(nm, v)][g][0] for nm in names for v in VARIANTS) - 0.005, 1.0)
+                ax.bar([j + i * w for j in range(len(variants))], [table[(nm, v)][g][0] for v in variants], w, label=nm)
+            ax.set_xticks([j + 0.4 - w / 2 for j in range(len(variants))], list(variants), rotation=45, ha="right")
+            ax.set_title(f"{g}: cos vs fp64" + (" autograd" if g != "o" else ""))
+            ax.set_ylim(min(table[(nm, v)][g][0] for nm in names for v in variants) - 0.005, 1.0)
         axes[0].legend()
         fig.tight_layout()
         fig.savefig(os.path.splitext(a.out)[0] + ".png", dpi=110)

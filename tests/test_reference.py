@@ -232,6 +232,30 @@ def test_sagebwd_ablation_defaults_and_split_scales(rng):
         T.gradients_ablation(q, k, v, do, psi="rows")
 
 
+
+def test_sagebwd_forward_tile_ablation(rng):
+    """The study's ``fwd_tile``: 64 is the default exactly; 128 makes one P̃ scale per token over 128 keys and V's
+    scales per 128 keys (one softmax tile of a 128-key call, computed here by hand)."""
+    from sage_compile.reference import int8_train as T
+
+    q, k, v = (t.bfloat16() for t in outlier_inputs(1, 2, 128, 64, rng))
+    do = torch.randn(q.shape, generator=rng).bfloat16()
+    assert all(torch.equal(a, b) for a, b in zip(T.gradients_ablation(q, k, v, do, fwd_tile=64),
+                                                 T.gradients_ablation(q, k, v, do)))
+    q8, qs, k8, ks, v8, vs, _ = T.quantize(q, k, v, v_block=128)
+    assert vs.shape[-1] == 1 and T.quantize(q, k, v)[5].shape[-1] == 2
+    o, lse = T.forward(q8, qs, k8, ks, v8, vs, "none", None, "HND", torch.float32, tile=128)
+    c = engine.default_scale(None, 64) * engine.LOG2E
+    qf, kf = q8.float() * qs.repeat_interleave(128, -1)[..., None], k8.float() * ks.repeat_interleave(64, -1)[..., None]
+    s = qf @ kf.transpose(-1, -2) * c
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp2(s - m)
+    want = (torch.round(p * 127.0) @ v8.float()) * (vs[..., None] / 127.0) / p.sum(-1, keepdim=True)
+    torch.testing.assert_close(o, want, rtol=2e-5, atol=2e-6)
+    torch.testing.assert_close(lse, ((m[..., 0] + torch.log2(p.sum(-1))) * 0.6931471805599453), rtol=1e-6, atol=1e-6)
+    o64 = T.forward(*T.quantize(q, k, v)[:6], "none", None, "HND", torch.float32)[0]
+    assert not torch.equal(o, o64)
+
 def test_fp4_q_block_option_is_the_ablation_row(rng):
     """fp4's finer Q smoothing (the default 16-row blocks) is the ablation's q_block row exactly; the block
     size is read back from ΔS's shape for any length; other sizes are refused."""

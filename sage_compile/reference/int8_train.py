@@ -25,15 +25,16 @@ SPLIT_M = 64  # psi="split": queries per ψ(P) / ψ(dS) scale of one key (dV, dK
 _DTYPE16 = {torch.float32: torch.bfloat16}
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", k_block: int = BLOCK_N):
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "HND", k_block: int = BLOCK_N,
+             v_block: int = BLOCK_N):
     """Returns ``(q8, qs (B,Hq,ceil(Nq/128)), k8, ks (B,Hkv,ceil(Nk/64)), v8, vs (B,Hkv,ceil(Nk/64)),
-    k_mean (B,Hkv,1,D))``; inputs are never modified. ``k_block``: tokens per K scale (ablations; the
-    kernels use 64)."""
+    k_mean (B,Hkv,1,D))``; inputs are never modified. ``k_block`` / ``v_block``: tokens per K / V scale
+    (ablations; the kernels use 64)."""
     q, k, v = (to_hnd(t, layout) for t in (q, k, v))
     ksm, mean = smooth_k(k)
     q8, qs = quant_int8(q, BLOCK_M)
     k8, ks = quant_int8(ksm, k_block)
-    v8, vs = quant_int8(v, BLOCK_N)
+    v8, vs = quant_int8(v, v_block)
     return q8, qs, k8, ks, v8, vs, mean
 
 
@@ -48,9 +49,10 @@ def _tile_quant(x: torch.Tensor, bm: int, bn: int) -> torch.Tensor:
 
 
 def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout: str, out_dtype: torch.dtype,
-            attn_mask: Optional[torch.Tensor] = None, k_block: int = BLOCK_N):
+            attn_mask: Optional[torch.Tensor] = None, k_block: int = BLOCK_N, tile: int = BLOCK_N):
     """Returns ``(O in layout/out_dtype, LSE fp32 (B, Hq, Nq))``. ``attn_mask``: bool (True = attend) or
-    additive, broadcastable to ``(B, Hq, Nq, Nk)``."""
+    additive, broadcastable to ``(B, Hq, Nq, Nk)``. ``tile``: keys per softmax tile, so per P̃ scale of a
+    token, and per V scale (V quantized with ``v_block=tile``); the kernels use 64 (an ablation)."""
     b, hq, lq, d = q8.shape
     lk = k8.shape[2]
     c = engine.default_scale(scale, d) * engine.LOG2E
@@ -65,11 +67,11 @@ def forward(q8, qs, k8, ks, v8, vs, causal: str, scale: Optional[float], layout:
     def pv(p, j0, j1):
         dp = p.amax(dim=-1, keepdim=True) / 127.0  # per-token P scale in this tile
         pq = torch.round(p / torch.where(dp == 0, torch.ones_like(dp), dp))
-        contrib = dp * (pq @ vq[:, :, j0:j1]) * vsx[:, :, j0 // BLOCK_N, None, None]
+        contrib = dp * (pq @ vq[:, :, j0:j1]) * vsx[:, :, j0 // tile, None, None]
         return contrib, p.sum(-1, keepdim=True)
 
     lse = torch.empty((b, hq, lq), device=q8.device)
-    o = engine.run((b, hq, lq, d), lk, logits, pv, attn_mask, causal, BLOCK_N, 0.0, q8.device, lse_out=lse)
+    o = engine.run((b, hq, lq, d), lk, logits, pv, attn_mask, causal, tile, 0.0, q8.device, lse_out=lse)
     return from_hnd(o.to(out_dtype), layout), lse
 
 
@@ -84,10 +86,10 @@ def quantize_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mas
 
 def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Optional[float], layout: str,
              in_dtype: torch.dtype, dp_int8: bool = False, attn_mask: Optional[torch.Tensor] = None,
-             k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N), psi: str = "tile"):
+             k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N), psi: str = "tile", v_block: int = BLOCK_N):
     """SageBwd gradients ``(dq, dk, dv)`` in ``layout`` and ``in_dtype``. ``attn_mask`` as in
     :func:`forward`. Ablations (the kernels implement the defaults): ``dp_int8=True`` also quantizes
-    dO·Vᵀ (the SageBwd paper shows it hurts dQ); ``k_block`` tokens per K scale; ``ds_block`` the
+    dO·Vᵀ (the SageBwd paper shows it hurts dQ); ``k_block`` / ``v_block`` tokens per K / V scale; ``ds_block`` the
     (queries, keys) tile sharing one ψ(dS) scale. ``psi="split"``: one scale per row of each matmul's
     own operand (the finest that still factors out of an integer dot): ψ(dS) per query row in each
     64-key tile for dQ, per key over each ``SPLIT_M`` (64) -query block for dK, ψ(P) the same for dV."""
@@ -96,7 +98,7 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
     sm = engine.default_scale(scale, d)
     qf = dequant_int8(q8, qs, BLOCK_M)
     kf = engine.gqa_expand(dequant_int8(k8, ks, k_block), hq)
-    vf = engine.gqa_expand(dequant_int8(v8, vs, BLOCK_N), hq)
+    vf = engine.gqa_expand(dequant_int8(v8, vs, v_block), hq)
     of, dof = to_hnd(o, layout).float(), to_hnd(do, layout).float()
     s = (qf @ kf.transpose(-1, -2)) * sm
     vis = engine.visible_mask(0, lq, 0, lk, lq, lk, causal, q8.device)
@@ -129,12 +131,13 @@ def backward(q8, qs, k8, ks, v8, vs, k_mean, o, lse, do, causal: str, scale: Opt
 
 def gradients_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: str = "none",
                        scale: Optional[float] = None, k_block: int = BLOCK_N, ds_block: tuple = (BLOCK_M, BLOCK_N),
-                       dp_int8: bool = False, rescale: bool = False, psi: str = "tile"):
+                       dp_int8: bool = False, rescale: bool = False, psi: str = "tile", fwd_tile: int = BLOCK_N):
     """SageBwd forward + backward with the study's knobs (HND, fp32 out): ``(o, dq, dk, dv)``.
 
     Defaults are :func:`forward` + :func:`backward` exactly. ``rescale`` balances Q/K channel ranges
     first (:func:`~sage_compile.reference.quant.channel_balance`; S = (Q·s)(K/s)ᵀ is exact), so the
-    gradients come back as dQ = dQ'·s and dK = dK'/s."""
+    gradients come back as dQ = dQ'·s and dK = dK'/s. ``fwd_tile``: the forward's keys per tile, with V's scales
+    per as many keys (:func:`forward`'s ``tile``)."""
     from .quant import channel_balance
 
     q, k, v, do = (t.float() for t in (q, k, v, do))
@@ -142,10 +145,10 @@ def gradients_ablation(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: to
     if rescale:
         s = channel_balance(q, smooth_k(k)[0])
         q, k = q * engine.gqa_expand(s, q.shape[1]), k / s
-    qt = quantize(q, k, v, k_block=k_block)
-    o, lse = forward(*qt[:6], causal, scale, "HND", torch.float32, k_block=k_block)
+    qt = quantize(q, k, v, k_block=k_block, v_block=fwd_tile)
+    o, lse = forward(*qt[:6], causal, scale, "HND", torch.float32, k_block=k_block, tile=fwd_tile)
     dq, dk, dv = backward(*qt, o, lse, do, causal, scale, "HND", torch.float32, dp_int8=dp_int8,
-                          k_block=k_block, ds_block=tuple(ds_block), psi=psi)
+                          k_block=k_block, ds_block=tuple(ds_block), psi=psi, v_block=fwd_tile)
     if s is not None:
         dq, dk = dq * engine.gqa_expand(s, dq.shape[1]), dk / s
     return o, dq, dk, dv
