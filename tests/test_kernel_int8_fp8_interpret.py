@@ -346,7 +346,8 @@ def test_core_tuning_variants_match_reference(cfg):
 
 
 def test_channel_scales_equal_channel_balance():
-    """The prologue's min/max route to the channel factors gives the reference's factors exactly."""
+    """The prologue's min/max route to the channel factors gives the reference's factors exactly, the lower
+    bound (K's widest finite channel range) included."""
     from sage_compile.reference.quant import channel_balance
 
     q, k, _ = _inputs()
@@ -354,8 +355,11 @@ def test_channel_scales_equal_channel_balance():
     q[0, 2, :, 9] = 0  # a zero channel: factor 1
     q[0, 1, 3, 11] = float("nan")  # a NaN channel: factor 1 (as the reference)
     k[0, 0, 4, 12] = float("inf")  # an infinite K channel: factor 1
+    q[0, 0, 2, 20] = 400.0  # a query outlier: its channel's factor is the bound's
     mean = KQ.k_mean(k)
     got = KQ.channel_scales(q, k, mean)
     want = channel_balance(q.float(), k.float() - mean[..., None, :])[:, :, 0]
     assert torch.equal(got, want)
     assert got[0, 0, 11] == 1 and got[0, 0, 12] == 1 and torch.isfinite(got).all()
+    ak = (k.float() - mean[..., None, :]).abs().amax(-2)[0, 0]
+    assert got[0, 0, 20] == ak[20] / ak[torch.isfinite(ak)].max() > (ak[20] / 400.0).sqrt()

@@ -161,8 +161,11 @@ def test_int8_channel_rescale_meets_the_outlier_goal(rng):
 def test_int8_balance_from_a_query_sample_keeps_the_accuracy(rng):
     """The channel balance's Q ranges from a strided sample of queries (``balance_tokens``): on the outlier set
     the error against fp64 SDPA stays that of every query's ranges (even from 32 queries of 2048; the default
-    reads at least 512), and with a query outlier off the sample it is lower: its own scale absorbs it, where
-    every query's ranges let it flatten the factors. A key outlier is seen by K's every-key ranges either way."""
+    reads at least 512), and with a query outlier off the sample it is no higher: its own scale absorbs it, where
+    every query's ranges let it move the factors. A query outlier on the sample (the first query, which every sample
+    reads) leaves the balance no worse than none: the factors never widen a K channel beyond K's widest one
+    (:func:`~sage_compile.reference.quant.channel_balance`; without that bound, cos 0.9949 vs 0.9978 there). A key
+    outlier is seen by K's every-key ranges either way."""
     S = int8_fp8
     assert S.stats_stride(2048, 32) == 64 and S.stats_stride(2048, 0) == 1
     assert S.stats_stride(1023, 512) == 1 and S.stats_stride(16384, 512) == 32
@@ -182,7 +185,20 @@ def test_int8_balance_from_a_query_sample_keeps_the_accuracy(rng):
     qo[0, 2, 1001, :8] = 300.0  # off every sample (1001 % 4 != 0)
     qo[0, 3, 77, 4:12] = -200.0
     full, part = err(qo, k, 0), err(qo, k, 512)
-    assert part[0] >= 0.999 and part[1] < 0.5 * full[1], (full, part)
+    assert part[0] >= 0.999 and full[0] >= 0.998 and part[1] <= full[1], (full, part)
+    qz = q.clone()
+    qz[0, 2, 0, :8] = 300.0  # on every sample
+    bal = err(qz, k, 512)
+    none = cos_rel(S.attention(*S.quantize(qz, k, v, "HND", False), None, "none", None, "HND", torch.float32),
+                   ref64(qz, k, v))
+    assert bal[0] >= none[0] and bal[1] <= none[1], (bal, none)
+    from sage_compile.reference.quant import channel_balance, smooth_k
+
+    ksm = smooth_k(k)[0]
+    f, ak = channel_balance(qz, ksm), ksm.abs().amax(dim=-2, keepdim=True)
+    widest = (ak / f).amax(dim=-1)  # K's ranges after the balance, at most its widest one before (to rounding)
+    assert torch.all(widest <= ak.amax(dim=-1) * (1 + 2**-20)), (widest, ak.amax(dim=-1))
+    assert widest[0, 1] > 0.999 * ak[0, 1].amax()  # the bound binds in the outlier's kv head (query head 2)
     ko[0, 1, 1001, :8] = 300.0
     full, part = err(q, ko, 0), err(q, ko, 512)
     assert 1 - part[0] <= 1.1 * (1 - full[0]) and part[1] <= 1.05 * full[1], (full, part)

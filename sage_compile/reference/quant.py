@@ -123,7 +123,13 @@ def channel_balance(q: torch.Tensor, k: torch.Tensor, k_amax: Optional[torch.Ten
     """Per-channel factors s that move K's outlier channels into Q: S = (Q·diag(s))·(K·diag(1/s))ᵀ.
 
     s[c] = sqrt(amax_K[c] / amax_Q[c]) per (batch, kv head) (SmoothQuant with α = 0.5), the Q amax taken
-    over every query head that shares the kv head (GQA); 1 where either amax is 0 or not finite.
+    over every query head that shares the kv head (GQA), but at least amax_K[c] / max_c' amax_K[c'], so that
+    no channel of K·diag(1/s) exceeds K's widest finite channel range; 1 where either amax is 0 or not finite.
+    (The bound only binds where Q's range dwarfs K's: one large query outlier, which α = 0.5 alone turned into a
+    K channel wider than all others, so K's group scales grew and its other channels lost precision, worse than
+    no balance at all. CPU reference, a query outlier of 300 in 8 channels of the first query, cos vs fp64:
+    0.9949 -> 0.9988 at hd64, 0.9926 -> 0.9985 at hd128, without the balance 0.9978 / 0.9972; the other sets
+    unchanged: ``benchmarks/ablation_balance_sample.py``.)
 
     Args:
         q: ``(B, Hq, Nq, D)`` (fp32, or its own dtype: the amax is exact in either); k: ``(B, Hkv, Nk, D)``
@@ -140,7 +146,9 @@ def channel_balance(q: torch.Tensor, k: torch.Tensor, k_amax: Optional[torch.Ten
     # the square root taken in fp64 and rounded once: correctly rounded on every device (torch's fp32 CPU
     # sqrt is not: 1 ulp off for ~17 % of random inputs), as the kernels' IEEE sqrt
     ratio = div_rn(ak, torch.where(ok, aq, torch.ones_like(aq)))
-    return torch.where(ok, torch.sqrt(ratio.double()).float(), torch.ones_like(aq))
+    widest = torch.where(torch.isfinite(ak), ak, torch.zeros_like(ak)).amax(dim=-1, keepdim=True)
+    floor = div_rn(ak, torch.where(ok, widest, torch.ones_like(widest)))
+    return torch.where(ok, torch.maximum(torch.sqrt(ratio.double()).float(), floor), torch.ones_like(aq))
 
 
 # ----------------------------------------------------------------------------------------- INT8

@@ -261,9 +261,9 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
                     MEAN_GIVEN: tl.constexpr, RESCALE: tl.constexpr, DO_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """One program per (batch, kv head), from :func:`_chan_stats`' partials (SQ chunks of each of the G
     query heads, SK chunks of the key head): the K mean (fp32 sum / NK, IEEE division; read from MEAN
-    when MEAN_GIVEN, else written there), the channel factors s = sqrt(ak / aq) (RESCALE; aq = max |q|
-    over the G query heads, ak = max |k - mean| = max(kmax - mean, mean - kmin), exact since x -> x -
-    mean is monotone; 1 where either is 0 or not finite, NaN included, as
+    when MEAN_GIVEN, else written there), the channel factors s = max(sqrt(ak / aq), ak / max ak) (RESCALE;
+    aq = max |q| over the G query heads, ak = max |k - mean| = max(kmax - mean, mean - kmin), exact since x ->
+    x - mean is monotone, max ak over the finite channels; 1 where either is 0 or not finite, NaN included, as
     :func:`sage_compile.reference.quant.channel_balance`) and V's scales amax / 448 (DO_V), all with IEEE
     division and square root: the reference's bits given the mean."""
     bhk = tl.program_id(0)
@@ -285,6 +285,8 @@ def _stats_finalize(QAMAX, KSUM, KMIN, KMAX, VAMAX, MEAN, S, VS, G, SQ, SK, NK, 
         inf = float("inf")
         ok = (aq > 0) & (ak > 0) & (aq == aq) & (ak == ak) & (aq != inf) & (ak != inf)
         s = tl.sqrt_rn(tl.math.div_rn(ak, tl.where(ok, aq, 1.0)))
+        widest = tl.max(tl.where(m & (ak == ak) & (ak != inf), ak, 0.0), axis=0)  # K's widest finite range
+        s = tl.maximum(s, tl.math.div_rn(ak, tl.where(ok, widest, 1.0)))
         tl.store(S + bhk * D + rd, tl.where(ok, s, 1.0), mask=m)
     if DO_V:
         amax = _split_reduce(VAMAX, bhk * SK, SK, rd, m, D, 2, SPLIT_BLOCK, BLOCK_D)  # max |v| (+0.0 for -0.0)
