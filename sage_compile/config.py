@@ -56,12 +56,13 @@ class Options:
         int8_balance_tokens``-th query (at least that many; 0: every query; default 512), K's from every key. Any
         factors are exact and Q's per-token scales absorb what a sample misses, so the prologue reads Q once
         instead of twice at no cost in accuracy: CPU reference, 2048 tokens, cos / rel-L1 vs fp64 SDPA, every
-        query vs 512 (benchmarks/results/ablation_balance_sample_cpu.json): gaussian 0.99931 / 0.0371 both,
-        outlier hd64 0.99924 / 0.0369 vs 0.99922 / 0.0374, SmolLM2 layers 0.99968 / 0.0230 vs 0.99968 / 0.0229;
-        with a query outlier off the sample 0.9956 / 0.078 vs 0.9991 / 0.038 (hd64; the outlier's range
-        flattens every query's factors where it is read). Known limit, sample or not: one query outlier that is
-        read (the first query always is) leaves the balance worse than none on that set (``outlier+q0``, 300 in 8
-        channels of query 0: cos 0.9949 vs 0.9978 without the balance at hd64, 0.9926 vs 0.9972 at hd128).
+        query vs 512 (benchmarks/results/ablation_balance_sample_cpu.json): gaussian 0.99931 / 0.0371 vs 0.99931 /
+        0.0372, outlier hd64 0.99924 / 0.0369 vs 0.99922 / 0.0374, SmolLM2 layers 0.99967 / 0.0231 vs 0.99968 /
+        0.0229; with a query outlier off the sample 0.9989 / 0.045 vs 0.9991 / 0.038 (hd64). A query outlier that
+        is read (the first query always is) moves the factors, but each factor is at least K's channel range over
+        its widest (:func:`sage_compile.reference.quant.channel_balance`), so it cannot widen a K channel past
+        all others: on ``outlier+q0`` (300 in 8 channels of query 0) cos 0.9988 against 0.9978 without the
+        balance at hd64, 0.9985 vs 0.9972 at hd128 (0.9949 / 0.9926 before that bound).
     int8_train_psi: SageBwd's INT8 scales of P and dS in the backward: ``split`` (default: one per row of
         each matmul's own operand — per query row over each 64-key tile for dQ, per key over each 64-query
         block for dK and dV) or ``tile`` (one per 128x64 tile, the paper's). Reference study
