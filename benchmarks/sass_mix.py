@@ -115,8 +115,6 @@ CSRC = {
 def csrc_loops(hd: int, dump=None):
     """``{kernel: (step, [(loop length, Counter of its mnemonics), ...])}`` for :data:`CSRC`'s kernels, each
     innermost loop of 64 or more instructions (nvcc -cubin of the csrc sources with the extension's flags)."""
-    import glob
-
     from sage_compile.kernels import cuda_ext
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc")
@@ -126,8 +124,8 @@ def csrc_loops(hd: int, dump=None):
     out = {}
     for src in sorted({v[0] for v in CSRC.values()}):
         cubin = os.path.join(d, src.replace(".cu", ".cubin"))
-        subprocess.run(["nvcc", *cuda_flags_no_lineinfo(cuda_ext), "-cubin", "-o", cubin, os.path.join(root, src)],
-                       check=True, capture_output=True, text=True)
+        subprocess.run(["nvcc", *cuda_ext.cuda_flags(), "-cubin", "-o", cubin, os.path.join(root, src)], check=True,
+                       capture_output=True, text=True)
         listing = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, check=True).stdout
         funcs = re.split(r"\n\s*Function : ", listing)
         for name, (s, pat, step) in CSRC.items():
@@ -144,10 +142,6 @@ def csrc_loops(hd: int, dump=None):
                     res.append((sum(ops.values()), ops))
             out[name] = (step, res)
     return out
-
-
-def cuda_flags_no_lineinfo(cuda_ext):
-    return [f for f in cuda_ext.cuda_flags() if f != "-lineinfo"]
 
 
 def main_csrc(hd: int, dump=None):
