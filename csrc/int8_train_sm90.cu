@@ -1250,15 +1250,18 @@ struct FwdLayout : Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) /
   static constexpr int kX = Frame<NWG * kBM * D, 2 * kBM * D, STAGES, (STAGES * 4 + 15) / 16 * 16>::kExtra;
 };
 
-// Where the forward's time goes (offline: `benchmarks/sass_mix.py --csrc`, results/sass_csrc_d821880_cpu.txt): a
-// full step of one consumer warp is 489 instructions at hd128 (391 at hd64) for 64 queries x 64 keys, where the
-// int8_fp8 core takes 454 for 64 x 128 keys: the fold of the step's INT8 PV product into O (an I2FP and an FFMA for
-// each of the warp's D / 2 accumulators) and psi(P~) (an FFMA a value, PRMT packs) come once per 64 keys. Two consumer
-// warps per scheduler make ~980 issue cycles a CTA step against ~512 of the tensor cores (s8, 8192 ops a clock and
-// SM): issue-bound, 7.2 ms at hd128 16K, B=2 x 16 heads (H100 run 119), where the int8_fp8 core's 907 TOPS (H100
-// run 151) would be 4.9 ms. 128-key tiles would halve the fold per key, but the numerics' per-token P~ scales and V's
-// scales would then cover 128 keys: O's rel-L1 +9 % (gaussian) / +12 % (SmolLM2's layers), dQ's +1-11 % (CPU,
-// results/ablation_sagebwd_fwdtile_cpu.*): not taken.
+// Where the forward's time goes (offline: `benchmarks/sass_mix.py --csrc`, results/sass_csrc_d821880_cpu.txt): a full
+// step of one consumer warp is 489 instructions at hd128 (391 at hd64) for 64 queries x 64 keys, where the int8_fp8
+// core takes 454 for 64 x 128 keys: the fold of the step's INT8 PV product into O (an I2FP and an FFMA for each of the
+// warp's D / 2 accumulators) and psi(P~) (an FFMA a value, PRMT packs) come once per 64 keys: two consumer warps per
+// scheduler issue ~980 instructions a CTA step against ~512 cycles of the tensor cores (s8, 8192 ops a clock and SM).
+// Yet it is the latencies that bound it: Nsight Compute at hd128 16K, B=2 x 16 heads (H200 run 173,
+// results/ncu_train_fwd_kernel_run173_*): 7.63 ms, issue slots 53 % busy, 0.88 of 2.24 warps per scheduler eligible,
+// tensor pipe 31 % active, XU 36 %; stall samples MUFU 21 % (its queue and its results), FFMA 11 %, FADD 9.5 %,
+// branches on long-scoreboard results (barrier polls) 6 %, the wgmma waits 5 %, the row max's shuffles 4 %. (The
+// int8_fp8 core's 907 TOPS, H100 run 151, would be 4.9 ms at these FLOPs.) 128-key tiles would halve the fold per key,
+// but the numerics' per-token P~ scales and V's scales would then cover 128 keys: O's rel-L1 +9 % (gaussian) / +12 %
+// (SmolLM2's layers), dQ's +1-11 % (CPU, results/ablation_sagebwd_fwdtile_cpu.*): not taken.
 // Forward of 64 * NWG queries (NWG consumer warpgroups of 64: 3 at hd64, SAGE_TRAIN_FWD_WG64, else 2) of one (batch,
 // query head), SageBwd's numerics as the Triton `_fwd_kernel`: per 64-key step S = q̂·k̂^T (s8) times the Q scale
 // (with the softmax scale and log2 e) and the K scale; online softmax in the exp2 domain; P~ = exp2(z - m) quantized
