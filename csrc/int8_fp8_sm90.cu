@@ -89,6 +89,8 @@
 // instructions a tile) and run 100 (H100, 214ad10, results/cuda_variants_run100_*; the loop then issued 411 / 454 at
 // hd64 / hd128): hd64 16K 629-635 TOPS -> 592 (1 of 16) / 558 (2 of 16), causal 578-582 -> 545 / 532; hd128 16K
 // 893-901 -> 907 / 883, within the spread. hd64's loop is not bound by MUFU's throughput.
+// Two exps per MUFU instruction through half precision does not exist on sm_90a: ex2.approx.f16x2 (and .bf16x2)
+// compile to two MUFU.EX2.F16 (.BF16), one per half (nvcc 13.0 offline), beside the packing and unpacking.
 // Removed after timing (code at 295bc0b): SAGE_EXPTURN64 / SAGE_EXPTURN64C, hd64's three warpgroups taking turns
 // at the exps of their softmax (named barriers 3-5 in a ring, tied to the exps through shared memory). H200:
 // non-causal 0.90-0.96x (run 74), causal 1.05-1.08x (runs 72, 74) before S's magic start; with it the
@@ -126,7 +128,8 @@
 // the row max: at hd64 with three warpgroups (160 registers) ptxas then spills 64-216 bytes, so hd64 pairs it with
 // SAGE_WG64=2 (240 registers: no spill); hd128 spills 0-4 bytes (with the warpgroup index warp-uniform, as
 // SAGE_WGSHFL; 12-36 without). Placed later (after the exps), the wait made every hd128 kernel spill ~100 bytes.
-// Off by default: not yet timed on the H200.
+// Off by default: within the spread of identical builds on the H100 (runs 102 and 177, hd128 16K / causal / 8K);
+// not yet timed on the H200.
 #ifndef SAGE_PVLAG
 #define SAGE_PVLAG 0
 #endif
