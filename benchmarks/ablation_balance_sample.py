@@ -4,7 +4,12 @@ prologue with Q's ranges from every query (``bt0``) and from strided samples of 
 32 queries (on the outlier sets also without the balance), on the gaussian and outlier sets (B=1, 4 query / 2 key
 heads, hd64 and hd128, 2048 tokens), the outlier set with a query outlier off the samples (``outlier+q``) and on
 them (``outlier+q0``: the first query, which every sample reads), and SmolLM2-135M's real q/k/v (every 5th layer,
-2048 tokens, causal; needs the weights, see smollm2.py; ``--smollm2-layers 0`` skips them). CPU only:
+2048 tokens, causal; needs the weights, see smollm2.py; ``--smollm2-layers 0`` skips them). ``ks<N>``: K's statistics
+(its smoothing mean and the balance's channel ranges) from a strided sample of at least N keys as well, Q's from the
+default sample (not the package's numerics: what a statistics pass reading neither K nor Q in full would cost in
+accuracy; any mean and any factors are exact in real arithmetic, K's group scales absorb what the sample misses); the
+outlier sets also with a key outlier off the K samples (``outlier+k``) and on them (``outlier+k0``, the first key).
+CPU only:
 
     python benchmarks/ablation_balance_sample.py --out benchmarks/results/ablation_balance_sample_cpu.json
 """
@@ -22,6 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 TOKENS = (0, 512, 128, 32)
+K_TOKENS = (512, 128)  # ks<N> variants
 
 
 def sets(n, smollm2_layers):
@@ -39,6 +45,12 @@ def sets(n, smollm2_layers):
         qo = q.clone()
         qo[0, 2, 0, :8] = 300.0  # on every sample (the first query)
         yield "outlier+q0", d, [(qo, k, v, False)]
+        ko = k.clone()
+        ko[0, 1, 1001, 8:16] = 150.0  # off every key sample (1001 is odd)
+        yield "outlier+k", d, [(q, ko, v, False)]
+        ko = k.clone()
+        ko[0, 1, 0, 8:16] = 150.0  # on every key sample (the first key)
+        yield "outlier+k0", d, [(q, ko, v, False)]
     if smollm2_layers:
         import smollm2
 
@@ -47,6 +59,19 @@ def sets(n, smollm2_layers):
         got = smollm2.capture_attention_inputs(model, ids)
         yield "real", 64, [(q.bfloat16(), k.bfloat16(), v.bfloat16(), c) for i, (q, k, v, c) in enumerate(got)
                            if i % smollm2_layers == 0]
+
+
+def quantize_k_sample(q, k, v, k_tokens):
+    """:func:`sage_compile.reference.int8_fp8.quantize` with the channel balance, K's mean and smoothed channel
+    ranges taken over :func:`token_sample` (k, k_tokens) instead of every key (Q's over the default sample)."""
+    from sage_compile.reference import int8_fp8 as R
+    from sage_compile.reference import quant as Qn
+
+    ks = R.token_sample(k, k_tokens)
+    mean = ks.float().mean(dim=-2, keepdim=True)
+    ksm = k.float() - mean
+    qf, ksm = R.rescale_channels(q.float(), ksm, Qn.smoothed_amax(ks, mean), R.token_sample(q, R.BALANCE_TOKENS))
+    return (*Qn.quant_int8(qf, 1), *Qn.quant_int8_k_groups(ksm), *Qn.quant_fp8_v(v, R.V_KEY_MULTIPLE))
 
 
 def main():
@@ -65,16 +90,22 @@ def main():
         row = []
         refs = [torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
                                                                  enable_gqa=True) for q, k, v, causal in cases]
-        for bt in TOKENS + ((None,) if name.startswith("outlier") else ()):
+        variants = [f"bt{bt}" for bt in TOKENS] + [f"ks{n}" for n in K_TOKENS]
+        for var in variants + (["no_balance"] if name.startswith("outlier") else []):
             vals = []
             for (q, k, v, causal), ref in zip(cases, refs):
-                qt = R.quantize(q, k, v, "HND", bt is not None, bt or 0)  # None: no channel balance
+                if var.startswith("ks"):
+                    qt = quantize_k_sample(q, k, v, int(var[2:]))
+                else:  # bt<N>: Q's sample of N (0: every query); no_balance: no channel balance
+                    qt = R.quantize(q, k, v, "HND", var != "no_balance", int(var[2:]) if var != "no_balance" else 0)
                 out = R.attention(*qt, None, "top_left" if causal else "none", None, "HND", torch.float32)
                 vals.append(cos_rel(out, ref))
             c, r = (sum(x[i] for x in vals) / len(vals) for i in (0, 1))
-            var = "no_balance" if bt is None else f"bt{bt}"
+            what = (f"K's mean and ranges from a sample of >= {var[2:]} keys, Q's from {R.BALANCE_TOKENS}"
+                    if var.startswith("ks") else f"balance_tokens={var[2:]} (0: every query)" if var != "no_balance"
+                    else "no channel balance")
             base = dict(meta, variant=var, inputs=name, head_dim=d, seq_len=a.n, causal=cases[0][3],
-                        note=f"balance_tokens={bt} (0: every query; None: no channel balance); mean over {len(vals)} case(s)")
+                        note=f"{what}; mean over {len(vals)} case(s)")
             recs += [dict(base, metric="cos", value=c), dict(base, metric="rel_l1", value=r)]
             row.append(f"{var} {c:.6f}/{r:.5f}")
         print(f"{name:10s} hd{d:<3d} " + "  ".join(row), flush=True)

@@ -50,7 +50,8 @@ def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "H
     least ``balance_tokens`` queries (:func:`token_sample`; 0: every query), K's from every key. Any factors
     are exact, and Q's per-token scales absorb whatever a sample misses, so Q's ranges need not read every
     query: on the outlier set the error is that of every query's ranges (a query outlier off the sample even
-    leaves the factors better, tests/test_reference.py), and the prologue skips a pass over Q.
+    leaves the factors better, tests/test_reference.py), and the prologue skips a pass over Q. K's mean and ranges
+    read every key: from a sample, a key outlier off it costs accuracy (benchmarks/ablation_balance_sample.py).
 
     Returns ``(q8 (B,Hq,Nq,D) int8, qs (B,Hq,Nq) f32, k8 (B,Hkv,Nk,D) int8, ks (B,Hkv,Nk) f32 (one value
     per key, tied in the groups of :func:`~sage_compile.reference.quant.quant_int8_k_groups`),
