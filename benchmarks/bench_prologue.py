@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--balance-tokens", default="",
                     help="comma list: the current op also with these balance_tokens (variant new_bt<N>; 0: every query)")
     ap.add_argument("--kernels", action="store_true",
-                    help="also each kernel's CUDA time in the last variant (torch.profiler, 20 calls) with its bandwidth")
+                    help="also each kernel's CUDA time in every variant (torch.profiler, 20 calls) with its bandwidth")
     a = ap.parse_args()
     import triton
 
@@ -123,7 +123,7 @@ def main():
                          dict(base, metric="ms", variant=name + "_wall", value=wall, note="wall time per call (do_bench median)"),
                          dict(base, metric="host_ms", value=host, note="host time per call, 50 calls back to back"),
                          dict(base, metric="values_differing", value=sum(diff.values()), note=f"vs {first}: {diff}")]
-            if a.kernels:
+            for name in (fns if a.kernels else ()):
                 try:
                     recs += kernel_times(fns[name], (q, k, v), dict(meta, model=model, variant=name, heads=h,
                                                                     head_dim=d, seq_len=nt), f"{model:9s} N={nt:6d} {name:8s}")

@@ -386,6 +386,11 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 # (run 56: 4096 and 64 were slower at CogVideoX 16K, 0.180 vs 0.167 ms, and equal at Flux, 0.285 vs 0.287;
 # run 57: K's 168 registers at hd128 are not what limits it: 16 warps, or each tile read in 2 or 4 channel
 # slices (fewer registers, more programs per SM), made the op 0.285 -> 0.30-0.37 ms at Flux 16K)
+# Offline (Triton 3.6, sm_90, with the channel balance): K's hd128 program takes 168 registers, so one program of 8
+# warps per SM (no second one whose loads overlap its arithmetic); capped at 128 (``maxnreg``: two per SM) it spills
+# 96 bytes around the calls of the channel reciprocals' IEEE divisions. Not yet timed. For the traced op the cap would
+# go in a one-configuration ``triton.autotune``: torch 2.13's wrap_triton moves num_warps / num_stages into a config
+# but leaves ``maxnreg`` among the kernel's arguments (``SPECIAL_CONFIG_NAMES``).
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
