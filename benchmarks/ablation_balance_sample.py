@@ -68,10 +68,24 @@ def quantize_k_sample(q, k, v, k_tokens):
     from sage_compile.reference import quant as Qn
 
     ks = R.token_sample(k, k_tokens)
-    mean = ks.float().mean(dim=-2, keepdim=True)
+    mean = Qn.smooth_k(ks)[1]
     ksm = k.float() - mean
     qf, ksm = R.rescale_channels(q.float(), ksm, Qn.smoothed_amax(ks, mean), R.token_sample(q, R.BALANCE_TOKENS))
     return (*Qn.quant_int8(qf, 1), *Qn.quant_int8_k_groups(ksm), *Qn.quant_fp8_v(v, R.V_KEY_MULTIPLE))
+
+
+def variants(outlier_set: bool) -> dict:
+    """``{variant: (its record note, quantize(q, k, v))}``: ``bt<N>`` Q's ranges from N queries (0: every one),
+    ``ks<N>`` K's statistics from N keys as well, and on the outlier sets ``no_balance``."""
+    from sage_compile.reference import int8_fp8 as R
+
+    out = {f"bt{bt}": (f"balance_tokens={bt} (0: every query)",
+                       lambda q, k, v, bt=bt: R.quantize(q, k, v, "HND", True, bt)) for bt in TOKENS}
+    out.update({f"ks{n}": (f"K's mean and ranges from a sample of >= {n} keys, Q's from {R.BALANCE_TOKENS}",
+                           lambda q, k, v, n=n: quantize_k_sample(q, k, v, n)) for n in K_TOKENS})
+    if outlier_set:
+        out["no_balance"] = ("no channel balance", lambda q, k, v: R.quantize(q, k, v, "HND", False))
+    return out
 
 
 def main():
@@ -90,20 +104,12 @@ def main():
         row = []
         refs = [torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
                                                                  enable_gqa=True) for q, k, v, causal in cases]
-        variants = [f"bt{bt}" for bt in TOKENS] + [f"ks{n}" for n in K_TOKENS]
-        for var in variants + (["no_balance"] if name.startswith("outlier") else []):
+        for var, (what, quantize) in variants(name.startswith("outlier")).items():
             vals = []
             for (q, k, v, causal), ref in zip(cases, refs):
-                if var.startswith("ks"):
-                    qt = quantize_k_sample(q, k, v, int(var[2:]))
-                else:  # bt<N>: Q's sample of N (0: every query); no_balance: no channel balance
-                    qt = R.quantize(q, k, v, "HND", var != "no_balance", int(var[2:]) if var != "no_balance" else 0)
-                out = R.attention(*qt, None, "top_left" if causal else "none", None, "HND", torch.float32)
+                out = R.attention(*quantize(q, k, v), None, "top_left" if causal else "none", None, "HND", torch.float32)
                 vals.append(cos_rel(out, ref))
             c, r = (sum(x[i] for x in vals) / len(vals) for i in (0, 1))
-            what = (f"K's mean and ranges from a sample of >= {var[2:]} keys, Q's from {R.BALANCE_TOKENS}"
-                    if var.startswith("ks") else f"balance_tokens={var[2:]} (0: every query)" if var != "no_balance"
-                    else "no channel balance")
             base = dict(meta, variant=var, inputs=name, head_dim=d, seq_len=a.n, causal=cases[0][3],
                         note=f"{what}; mean over {len(vals)} case(s)")
             recs += [dict(base, metric="cos", value=c), dict(base, metric="rel_l1", value=r)]
