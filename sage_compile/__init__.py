@@ -34,16 +34,30 @@ _LAZY = {
 def _map_source_passes() -> None:
     """Source checkouts keep the FX passes in the top-level ``passes/`` folder (installed wheels place
     them at ``sage_compile/passes``). Where no installer finder maps ``sage_compile.passes`` (e.g. an
-    editable install in compat mode, or running from the checkout), map it to that folder."""
+    editable install in compat mode, or running from the checkout), map that one name to that folder with a
+    finder of its own (appending the checkout's root to ``__path__`` instead would make every folder of the
+    checkout a subpackage, ``sage_compile.sage_compile...`` without end for ``pkgutil.walk_packages``)."""
+    import importlib.abc
     import importlib.util
     import os
+    import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
-    if os.path.isdir(os.path.join(here, "passes")) or not os.path.isfile(os.path.join(root, "passes", "__init__.py")):
+    folder = os.path.join(os.path.dirname(here), "passes")
+    init = os.path.join(folder, "__init__.py")
+    if os.path.isdir(os.path.join(here, "passes")) or not os.path.isfile(init):
         return
-    if importlib.util.find_spec(__name__ + ".passes") is None:
-        __path__.append(root)  # type: ignore[name-defined]  # noqa: F821
+    name = __name__ + ".passes"
+    if importlib.util.find_spec(name) is not None:
+        return
+
+    class _SourcePasses(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != name:
+                return None
+            return importlib.util.spec_from_file_location(name, init, submodule_search_locations=[folder])
+
+    sys.meta_path.append(_SourcePasses())
 
 
 _map_source_passes()

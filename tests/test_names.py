@@ -3,7 +3,10 @@ the Triton compiler accepts: cheap guards for what the CPU suite cannot run (the
 Blackwell branches, compiled kernels: the interpreter is laxer), which would only fail on the GPU."""
 import builtins
 import importlib
+import os
 import pkgutil
+import subprocess
+import sys
 import types
 
 import pytest
@@ -71,3 +74,22 @@ def test_triton_kernels_read_only_constexpr_globals(name):
             if isinstance(v, (bool, int, float, str, tuple, list, dict, set)):
                 bad.append(f"{fn.__name__} reads {g} = {v!r}")
     assert not bad, f"{name}: {bad} (make them tl.constexpr(...))"
+
+
+def test_a_source_checkout_maps_only_the_passes_folder():
+    """Run from the checkout without an install (``python -S``: no site-packages, so no installer's finder),
+    ``sage_compile.passes`` is the checkout's ``passes/`` and the package's path stays its own folder: the
+    checkout's root on that path had made every folder of it a subpackage (``sage_compile.sage_compile...``),
+    and ``walk_packages`` (this file's ``_modules``) recurse until a RecursionError."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sage_compile.__file__)))
+    if not os.path.isfile(os.path.join(root, "passes", "__init__.py")):
+        pytest.skip("an installed wheel: no checkout beside the package")
+    code = ("import importlib.util, pkgutil, sage_compile\n"
+            "print(importlib.util.find_spec('sage_compile.passes').origin)\n"
+            "print(len(sage_compile.__path__), sorted(m.name for m in pkgutil.iter_modules(sage_compile.__path__)))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    origin, listing = out.stdout.splitlines()
+    assert origin == os.path.join(root, "passes", "__init__.py")
+    n, names = listing.split(" ", 1)
+    assert n == "1" and "'kernels'" in names and "'reference'" in names, listing
+    assert not any(f"'{d}'" in names for d in ("sage_compile", "passes", "tests", "benchmarks")), listing
