@@ -387,10 +387,17 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 # run 57: K's 168 registers at hd128 are not what limits it: 16 warps, or each tile read in 2 or 4 channel
 # slices (fewer registers, more programs per SM), made the op 0.285 -> 0.30-0.37 ms at Flux 16K)
 # Offline (Triton 3.6, sm_90, with the channel balance): K's hd128 program takes 168 registers, so one program of 8
-# warps per SM (no second one whose loads overlap its arithmetic); capped at 128 (``maxnreg``: two per SM) it spills
-# 96 bytes around the calls of the channel reciprocals' IEEE divisions. Not yet timed. For the traced op the cap would
-# go in a one-configuration ``triton.autotune``: torch 2.13's wrap_triton moves num_warps / num_stages into a config
-# but leaves ``maxnreg`` among the kernel's arguments (``SPECIAL_CONFIG_NAMES``).
+# warps per SM (no second one whose loads overlap its arithmetic); capped at K_MAXNREG = 128 (two per SM) it spills
+# 96 bytes around the calls of the channel reciprocals' IEEE divisions. The cap goes in a one-configuration
+# ``triton.autotune``: torch 2.13's wrap_triton moves num_warps / num_stages into a config but leaves ``maxnreg``
+# among the kernel's arguments (``SPECIAL_CONFIG_NAMES``), so a keyword would not reach Inductor's launch.
+# H100 run 179 (bench_prologue --kernels, same process): Flux 16K 0.149 -> 0.122 ms, 4K 0.045 -> 0.037 ms, the same
+# bits. Inductor (torch 2.11 / 2.13) drops ``maxnreg`` twice on the way to its launch of a user kernel (its
+# ``config_to_dict`` and its compile options keep num_warps / num_stages only), so the traced op's launch is
+# uncapped: H100 run 181, Flux's 16K block, 0.155 ms.
+K_MAXNREG = 128
+_quant_rows_int8_wide = triton.autotune(configs=[triton.Config({}, num_warps=8, maxnreg=K_MAXNREG)],
+                                        key=[])(_quant_rows_int8)
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
@@ -400,16 +407,16 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     divided (2) by it per channel. ``k_groups``: the scales tied in K's groups
     (:func:`sage_compile.reference.quant.quant_int8_k_groups`)."""
     b, h, n, d = x_hnd.shape
+    block_d = _block_d(d)
+    wide = k_groups and block_d >= K_WIDE_D
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
-    block_d = _block_d(d)
     block_n = K_GROUP_TILE if k_groups else max(1, min(64, ROWS_TILE // block_d))
     group = h // channel.shape[1] if channel is not None else 1
-    launch(_quant_rows_int8, _grid_rows(n, b * h, block_n))(
+    launch(_quant_rows_int8_wide if wide else _quant_rows_int8, _grid_rows(n, b * h, block_n))(
         x_hnd, mean if mean is not None else s, channel if channel is not None else s, y, s, *x_hnd.stride(),
         h, group, n, d, HAS_MEAN=mean is not None, CH_MODE=channel_mode if channel is not None else 0,
-        KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8,
-        num_warps=8 if k_groups and block_d >= K_WIDE_D else 4)
+        KGROUP=k_groups, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE=EMULATE_FP8, **({} if wide else {"num_warps": 4}))
     return y, s
 
 
