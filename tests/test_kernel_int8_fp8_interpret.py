@@ -201,6 +201,20 @@ def test_prologue_with_channel_rescale_bit_identical():
         assert torch.equal(a, b)
 
 
+def test_k_rows_capped_op_is_the_wide_k_quantizer():
+    """``quant_k_rows_capped`` (what a traced call on a large K runs: the register-capped launch as an opaque op)
+    gives :func:`quant_rows_int8`'s K bits (hd128, with mean and channel divisors) and passes ``opcheck``."""
+    q, k, v = _inputs(d=128, lk=200)
+    mean = KQ.k_mean(k)
+    ch = 0.5 + torch.rand(k.shape[0], k.shape[1], 128, generator=torch.Generator().manual_seed(3))
+    got = torch.ops.sage_compile.quant_k_rows_capped(k, mean, ch, 2)
+    want = KQ.quant_rows_int8(k, mean, ch, 2, k_groups=True)
+    ref = Q.quant_int8_k_groups((k.float() - mean[..., None, :]) / ch[:, :, None, :])
+    for a, b, c in zip(got, want, ref):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    torch.library.opcheck(torch.ops.sage_compile.quant_k_rows_capped.default, (k, mean, ch, 2))
+
+
 def test_prologue_balance_from_a_query_sample_bit_identical():
     """Q's balance ranges from a strided sample (``balance_tokens=16``: every 9th of 150 queries, a strided
     view the statistics launch reads in place, HND and NHD): the values are the reference's bits given the

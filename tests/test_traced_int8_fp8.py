@@ -90,6 +90,16 @@ def test_kernels_host_code_traces_into_launches_and_the_extension_op(probe, path
                     "higher_order.auto_functionalized_v2"}, rest
 
 
+def test_large_k_runs_its_register_capped_quantizer_as_an_opaque_op(probe):
+    """Inductor drops a user kernel's ``maxnreg``, so from K_CAP_MIN_ELEMENTS (lowered to 1 here) a traced call
+    quantizes K (hd128) through the opaque ``quant_k_rows_capped`` instead of an Inductor launch; Q's pass stays a
+    launch; at symbolic sizes K's does too (no size guard)."""
+    ops = collections.Counter(probe["capped"])
+    assert ops["sage_compile.quant_k_rows_capped"] == 1 and ops["triton:_quant_rows_int8"] == 1, ops
+    dyn = collections.Counter(probe["capped_dynamic"])
+    assert "sage_compile.quant_k_rows_capped" not in dyn and dyn["triton:_quant_rows_int8"] == 2, dyn
+
+
 def test_no_traced_kernel_takes_an_input_for_written(probe):
     """torch's analysis of each Triton kernel finds only its outputs written: an input taken for written would be
     cloned by Inductor before every launch (q, k and v copied once more per call). The kernels' index helpers take

@@ -75,6 +75,23 @@ def test_traced_ops_compiled_give_the_opaque_ops_bits(causal, mask, layout, n, d
     assert all(torch.equal(a, b) for a, b in zip(qkv, before)), "an input was modified"
 
 
+def test_traced_ops_with_k_on_its_capped_opaque_op_give_the_opaque_ops_bits(monkeypatch):
+    """K_CAP_MIN_ELEMENTS lowered to 1: the compiled traced ops quantize K through ``quant_k_rows_capped`` (an op
+    call in Inductor's code) and give the opaque ops' bits."""
+    from sage_compile.kernels.int8_fp8 import quantize as QZ
+
+    monkeypatch.setattr(QZ, "K_CAP_MIN_ELEMENTS", 1)
+    torch._dynamo.reset()
+    qkv = _inputs(n=1000, d=128)
+    want = _opaque("HND", "none")(*qkv, None)
+    got, code = run_and_get_code(torch.compile(_traced("HND", "none"), fullgraph=True), *qkv, None)
+    torch._dynamo.reset()
+    assert set(re.findall(r"torch\.ops\.sage_compile\.(\w+)", "\n".join(code))) == {"quant_k_rows_capped"}
+    for name, a, b in zip(("q8", "qs", "k8", "ks", "v8", "vs", "out"), got, want):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), name
+
+
 def test_traced_ops_eager_are_the_opaque_ops():
     qkv = _inputs(n=640)
     for a, b in zip(_traced("HND", "none")(*qkv, None), _opaque("HND", "none")(*qkv, None)):

@@ -6,7 +6,8 @@ launch): ``cuda`` (the CUDA core; the core choice is stubbed: nothing can be tim
 autotuned) and ``mask`` (a head-shared bool mask: the device-side structure check, the ranged CUDA launches and the
 general Triton launch); and ``accesses``, over all three, the tensors torch's analysis of each Triton kernel finds
 written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``;
-``dynamic``, the graphs of three lengths under dynamic shapes; ``stores``, the stores of Inductor's own kernels for RoPE
+``dynamic``, the graphs of three lengths under dynamic shapes; ``capped`` (``cuda`` with K's register-capped opaque
+op from any size) and ``capped_dynamic`` (the last dynamic graph with it); ``stores``, the stores of Inductor's own kernels for RoPE
 feeding the ops through the backend (Inductor's code for a stand-in sm90 target, never run), with the prologue op,
 the traced ops, and the traced ops without :func:`sage_compile._compat.user_kernel_inputs_realized`."""
 import contextlib
@@ -27,6 +28,7 @@ from sage_compile.debug_codegen import generated_code, sm90_codegen
 from sage_compile.kernels import int8_fp8 as KF
 from sage_compile.kernels.cuda_ext import register_fakes
 from sage_compile.kernels.int8_fp8 import cuda as KC
+from sage_compile.kernels.int8_fp8 import quantize as QZ
 
 # no GPU here: a stand-in driver naming an sm90 target, so that torch reads each Triton kernel's TTIR to find the
 # tensors it writes (without one it assumes every argument written)
@@ -40,6 +42,7 @@ register_fakes(ns, KC.OPS)
 KC.load = lambda: types.SimpleNamespace(__name__=ns)
 KC.prefer_cuda_traced = lambda *a: True
 graphs = []
+K_CAP_MIN = QZ.K_CAP_MIN_ELEMENTS
 
 
 def comp(g, _):
@@ -85,6 +88,10 @@ for which in ("cuda", "triton", "mask"):
     result[which] = graphs.pop()
 assert not graphs
 result["accesses"] = {k: sorted(v) for k, v in written.items()}
+# K from any size on the capped opaque op (its threshold lowered to one element): static sizes, then dynamic ones
+QZ.K_CAP_MIN_ELEMENTS = 1
+trace("cuda")
+result["capped"] = graphs.pop()
 # torch.compile(dynamic=True) over three lengths (the CUDA core): the graphs compiled
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 
@@ -94,7 +101,9 @@ for n in (1024, 1536, 2048):
     cf(torch.empty(1, 4, n, 128, dtype=torch.bfloat16, device="meta"),
        *(torch.empty(1, 2, n, 128, dtype=torch.bfloat16, device="meta") for _ in range(2)))
 result["dynamic"] = len(graphs)
+result["capped_dynamic"] = graphs[-1]
 graphs.clear()
+QZ.K_CAP_MIN_ELEMENTS = K_CAP_MIN
 
 
 # RoPE feeding the ops, through the backend (CPU tensors, the kernels registered for the CPU, Inductor's code for a

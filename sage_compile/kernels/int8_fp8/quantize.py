@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._tracing import eager_launches, in_graph
 from ...reference.int8_fp8 import BALANCE_TOKENS, V_KEY_MULTIPLE, token_sample
 from ...reference.quant import K_GROUP_TILE
 from ...reference.layout import to_hnd
@@ -393,11 +394,32 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 # among the kernel's arguments (``SPECIAL_CONFIG_NAMES``), so a keyword would not reach Inductor's launch.
 # H100 run 179 (bench_prologue --kernels, same process): Flux 16K 0.149 -> 0.122 ms, 4K 0.045 -> 0.037 ms, the same
 # bits. Inductor (torch 2.11 / 2.13) drops ``maxnreg`` twice on the way to its launch of a user kernel (its
-# ``config_to_dict`` and its compile options keep num_warps / num_stages only), so the traced op's launch is
-# uncapped: H100 run 181, Flux's 16K block, 0.155 ms.
+# ``config_to_dict`` and its compile options keep num_warps / num_stages only): H100 run 181, the traced op in Flux's
+# 16K block, 0.155 ms. So a traced call runs this kernel as an opaque op (:func:`quant_k_rows_capped`) from
+# K_CAP_MIN_ELEMENTS elements of K, where the calls are long enough for the host to run ahead of the GPU (the op's
+# Python call costs more host time than a launch of Inductor's); below, and at symbolic sizes, it stays an Inductor
+# launch (uncapped). H100 runs 183-184, Flux's 16K block: the kernel 0.154 -> 0.125 ms, the block's non-GEMM,
+# non-core kernels 0.816 -> 0.790 and 0.814 -> 0.788 ms (the block's total within the core's spread).
 K_MAXNREG = 128
+K_CAP_MIN_ELEMENTS = 1 << 25  # (Flux 16K: 24 x 16384 x 128 = 50M; 4K: 13M)
 _quant_rows_int8_wide = triton.autotune(configs=[triton.Config({}, num_warps=8, maxnreg=K_MAXNREG)],
                                         key=[])(_quant_rows_int8)
+
+
+@torch.library.custom_op("sage_compile::quant_k_rows_capped", mutates_args=())
+def quant_k_rows_capped(x_hnd: torch.Tensor, mean: Optional[torch.Tensor], channel: Optional[torch.Tensor],
+                        channel_mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quant_rows_int8` of K (``k_groups``, head dim >= K_WIDE_D) as one opaque op, so that a traced call
+    launches the kernel with its register cap (see K_MAXNREG). ``x_hnd`` (B, H, N, D) -> (int8 (B, H, N, D),
+    fp32 scales (B, H, N))."""
+    with eager_launches():
+        return quant_rows_int8(x_hnd, mean, channel, channel_mode, k_groups=True)
+
+
+@quant_k_rows_capped.register_fake
+def _(x_hnd, mean, channel, channel_mode):
+    b, h, n, d = x_hnd.shape
+    return x_hnd.new_empty((b, h, n, d), dtype=torch.int8), x_hnd.new_empty((b, h, n), dtype=torch.float32)
 
 
 def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, channel: torch.Tensor | None = None,
@@ -409,6 +431,8 @@ def quant_rows_int8(x_hnd: torch.Tensor, mean: torch.Tensor | None = None, chann
     b, h, n, d = x_hnd.shape
     block_d = _block_d(d)
     wide = k_groups and block_d >= K_WIDE_D
+    if wide and in_graph() and isinstance(x_hnd.numel(), int) and x_hnd.numel() >= K_CAP_MIN_ELEMENTS:
+        return torch.ops.sage_compile.quant_k_rows_capped(x_hnd, mean, channel, channel_mode)
     y = torch.empty((b, h, n, d), dtype=torch.int8, device=x_hnd.device)
     s = torch.empty((b, h, n), dtype=torch.float32, device=x_hnd.device)
     block_n = K_GROUP_TILE if k_groups else max(1, min(64, ROWS_TILE // block_d))
