@@ -7,9 +7,9 @@ autotuned) and ``mask`` (a head-shared bool mask: the device-side structure chec
 general Triton launch); and ``accesses``, over all three, the tensors torch's analysis of each Triton kernel finds
 written (what Inductor would clone for the kernel where it is an input): ``{kernel: [written argument, ...]}``;
 ``dynamic``, the graphs of three lengths under dynamic shapes; ``capped`` (``cuda`` with K's register-capped opaque
-op from any size) and ``capped_dynamic`` (the last dynamic graph with it); ``stores``, the stores of Inductor's own kernels for RoPE
-feeding the ops through the backend (Inductor's code for a stand-in sm90 target, never run), with the prologue op,
-the traced ops, and the traced ops without :func:`sage_compile._compat.user_kernel_inputs_realized`."""
+op from any size) and ``capped_dynamic`` (the last dynamic graph with it); ``stores``, the stores of Inductor's own
+kernels for RoPE feeding the ops through the backend (Inductor's code for a stand-in sm90 target, never run), with
+the prologue op, the traced ops, and the traced ops without :func:`sage_compile._compat.user_kernel_inputs_realized`."""
 import contextlib
 import json
 import re
