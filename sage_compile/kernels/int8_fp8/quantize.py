@@ -392,14 +392,15 @@ K_WIDE_D = 128  # K's 128-token tiles from this head dim up run on 8 warps
 # 96 bytes around the calls of the channel reciprocals' IEEE divisions. The cap goes in a one-configuration
 # ``triton.autotune``: torch 2.13's wrap_triton moves num_warps / num_stages into a config but leaves ``maxnreg``
 # among the kernel's arguments (``SPECIAL_CONFIG_NAMES``), so a keyword would not reach Inductor's launch.
-# H100 run 179 (bench_prologue --kernels, same process): Flux 16K 0.149 -> 0.122 ms, 4K 0.045 -> 0.037 ms, the same
-# bits. Inductor (torch 2.11 / 2.13) drops ``maxnreg`` twice on the way to its launch of a user kernel (its
-# ``config_to_dict`` and its compile options keep num_warps / num_stages only): H100 run 181, the traced op in Flux's
-# 16K block, 0.155 ms. So a traced call runs this kernel as an opaque op (:func:`quant_k_rows_capped`) from
-# K_CAP_MIN_ELEMENTS elements of K, where the calls are long enough for the host to run ahead of the GPU (the op's
-# Python call costs more host time than a launch of Inductor's); below, and at symbolic sizes, it stays an Inductor
-# launch (uncapped). H100 runs 183-184, Flux's 16K block: the kernel 0.154 -> 0.125 ms, the block's non-GEMM,
-# non-core kernels 0.816 -> 0.790 and 0.814 -> 0.788 ms (the block's total within the core's spread).
+# H100 run 179 (bench_prologue --kernels, same process; Q's and K's row launches together, K's alone changed): Flux
+# 16K 0.149 -> 0.122 ms, 4.6K 0.045 -> 0.037 ms, the same bits. Inductor (torch 2.11 / 2.13) drops ``maxnreg`` twice
+# on the way to its launch of a user kernel (its ``config_to_dict`` and its compile options keep num_warps /
+# num_stages only): H100 run 181, the traced op in Flux's 16K block, 0.155 ms (Q's and K's launches). So a traced call
+# runs this kernel as an opaque op (:func:`quant_k_rows_capped`) from K_CAP_MIN_ELEMENTS elements of K, where the
+# calls are long enough for the host to run ahead of the GPU (the op's Python call costs more host time than a launch
+# of Inductor's); below, and at symbolic sizes, it stays an Inductor launch (uncapped). H100 runs 183-184, Flux's 16K
+# block: the row launches 0.154 -> 0.125 ms, the block's non-GEMM, non-core kernels 0.816 -> 0.790 and 0.814 -> 0.788
+# ms (the block's total within the core's spread).
 K_MAXNREG = 128
 K_CAP_MIN_ELEMENTS = 1 << 25  # (Flux 16K: 24 x 16384 x 128 = 50M; 4K: 13M)
 _quant_rows_int8_wide = triton.autotune(configs=[triton.Config({}, num_warps=8, maxnreg=K_MAXNREG)],
