@@ -9,6 +9,18 @@ def cos_rel(out, ref):
     return cos, rel
 
 
+def benchmark_module(name: str):
+    """The script ``benchmarks/<name>.py`` loaded as a module (the benchmarks are no package)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(os.path.dirname(__file__), "..", "benchmarks", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def outlier_inputs(b, h, n, d, g, hkv=None):
     """conventions.md 'outlier' set: K per-channel bias σ=4 shared by tokens, 4 channels ×8, Q ×2."""
     hkv = hkv or h

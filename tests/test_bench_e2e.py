@@ -1,15 +1,11 @@
 """benchmarks/bench_e2e.py's attention accounting (what the Amdahl prediction of issue 7 rests on): which
 kernels and which profiler ops count as attention."""
-import importlib.util
-import os
 from types import SimpleNamespace
 
 import torch
+from helpers import benchmark_module
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_e2e", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_e2e.py"))
-bench_e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_e2e)
+bench_e2e = benchmark_module("bench_e2e")
 
 
 def test_attention_kernels_by_name():

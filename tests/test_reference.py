@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import cos_rel, outlier_inputs
+from helpers import benchmark_module, cos_rel, outlier_inputs
 
 from sage_compile.reference import engine, exact, fp4, int8_fp8, int8_fp16
 
@@ -212,13 +212,7 @@ def test_int8_key_statistics_from_a_sample_lose_an_off_sample_key_outlier(rng):
     of K), the gaussian set keeps its error, but a key outlier off the sample leaves the factors blind to its
     channels, and K's group scales absorb it only by losing its group: cos below every key's statistics (0.9982 vs
     0.9990 in the committed record, hd64), below no balance's."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location(
-        "ablation_balance_sample", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ablation_balance_sample.py"))
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = benchmark_module("ablation_balance_sample")
     S = int8_fp8
     q, k, v = (t.bfloat16() for t in outlier_inputs(1, 4, 2048, 64, rng, hkv=2))
 

@@ -1,11 +1,7 @@
 """benchmarks/trace_gaps.py's attribution of GPU idle time to host ops, on a hand-made trace."""
-import importlib.util
-import os
+from helpers import benchmark_module
 
-_spec = importlib.util.spec_from_file_location(
-    "trace_gaps", os.path.join(os.path.dirname(__file__), "..", "benchmarks", "trace_gaps.py"))
-trace_gaps = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(trace_gaps)
+trace_gaps = benchmark_module("trace_gaps")
 
 
 def _x(cat, name, ts, dur, tid=1, corr=None):
