@@ -259,12 +259,36 @@ def test_tokens_last_is_the_transpose(shape):
     assert torch.equal(KQ.tokens_last(x[:, :, :5]), x[:, :, :5].transpose(2, 3))  # a non-contiguous input
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lq, lk, d, layout", [(130, 77, 80, "HND"), (60, 200, 64, "NHD")])
-def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype):
+def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype, split, monkeypatch):
     """The backward's preparation launch: transposes, V̂ in 16 bits, dO, delta, LSE2, ψ(dO) (helpers.check_bwd_prep),
-    more query blocks than key blocks and fewer, head dims below the tile's, O and dO read through NHD strides."""
-    check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)
+    more query blocks than key blocks and fewer, head dims below the tile's, O and dO read through NHD strides; in
+    one launch and in two (``PREP_SPLIT``: dO's programs, then the others). An HND dO of the 16-bit type is read in
+    place (no copy), an NHD one is copied to HND."""
+    monkeypatch.setattr(KA, "PREP_SPLIT", split)
+    p = check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)
+    assert (p["do16"].shape == p["delta"].shape + (d,)) and p["do16"].is_contiguous()
+
+
+def test_bwd_prep_copies_do_it_cannot_read_in_place():
+    """dO is read in place only where the kernels can take it as their operand: HND, contiguous, the 16-bit type,
+    16-byte aligned; otherwise the preparation writes the copy (the same values)."""
+    b, h, n, d = 1, 2, 40, 64
+    do = torch.randn(b, h, n, d).to(torch.bfloat16)
+    assert KA.reads_do_in_place(do, "HND", torch.bfloat16)
+    assert not KA.reads_do_in_place(do, "NHD", torch.bfloat16)
+    assert not KA.reads_do_in_place(do, "HND", torch.float16)
+    assert not KA.reads_do_in_place(do.transpose(2, 3).contiguous().transpose(2, 3), "HND", torch.bfloat16)
+    shifted = torch.randn(b * h * n * d + 3).to(torch.bfloat16)[3:].view(b, h, n, d)  # 6 bytes past an aligned start
+    assert shifted.is_contiguous() and not KA.reads_do_in_place(shifted, "HND", torch.bfloat16)
+    q8 = torch.randint(-127, 128, (b, h, n, d), dtype=torch.int8)
+    vs, o, lse = torch.rand(b, h, 1), torch.randn(b, h, n, d).to(torch.bfloat16), torch.randn(b, h, n)
+    p = KA.bwd_prep(q8, q8, q8, vs, o, lse, shifted, "HND", torch.bfloat16)
+    assert p["do16"].data_ptr() != shifted.data_ptr() and torch.equal(p["do16"], shifted)
+    p = KA.bwd_prep(q8, q8, q8, vs, o, lse, do, "HND", torch.bfloat16)
+    assert p["do16"] is do
 
 
 @pytest.mark.parametrize("name", ["padded_causal", "key_mask"])

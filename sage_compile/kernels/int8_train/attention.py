@@ -197,8 +197,9 @@ def _fwd_kernel(Q8, QS, K8, KS, V8T, VS, MASK, GATE, WANT, OUT, LSE, c, smb, smh
 
 @triton.jit
 def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS, V16, sob, soh, son, sdb, sdh, sdn,
-              BHQ, BHKV, HQ, LQ, LK, D: tl.constexpr, NQB, NKB, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-              V_BLOCK: tl.constexpr, RNE_BF16: tl.constexpr, EMULATE: tl.constexpr):
+              BHQ, BHKV, HQ, LQ, LK, D: tl.constexpr, NQB, NKB, J0, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+              V_BLOCK: tl.constexpr, RNE_BF16: tl.constexpr, EMULATE: tl.constexpr, STORE_DO16: tl.constexpr,
+              PART: tl.constexpr):
     """What the backward's kernels read besides the forward's operands, in one launch. Program (j, blk), j < BHQ,
     of the 128-row block ``blk`` of (batch x query head) j: delta = rowsum(dO∘O); dO as 16-bit HND (the dP
     operand) and ψ(dO) per 128-row block, stored transposed (B, H, D, N): the K-major operand of
@@ -207,12 +208,15 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
     dK = ψ(dS)ᵀ·Q̂). Then per V_BLOCK keys (V's scale block) of a (batch x kv head): k̂ transposed (of
     dQ = ψ(dS)·K̂), and in the last BHKV rows of programs V̂ dequantized to the 16-bit type (the dP operand, as the
     reference: each value times its block's scale, rounded once; ``RNE_BF16``: to bf16's bits by hand first, for
-    the interpreter, whose cast to bf16 truncates)."""
-    j, blk = tl.program_id(0), tl.program_id(1)
+    the interpreter, whose cast to bf16 truncates). ``STORE_DO16`` False: dO is read where the kernels read the
+    16-bit copy (already HND, contiguous, of that type), so none is written. ``PART`` 0 all of it; 1 dO's programs
+    alone (j < BHQ), 2 the others alone (program j - J0 taking j's work, J0 = BHQ): each its own launch, compiled
+    without the other's code."""
+    j, blk = tl.program_id(0) + J0, tl.program_id(1)
     offs = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rd = tl.arange(0, BLOCK_D)
     if j < BHQ:
-        if blk < NQB:
+        if PART != 2 and blk < NQB:
             bh = j.to(tl.int64)  # (64-bit offsets: B*H*N*D may pass 2^31)
             b, h = bh // HQ, bh % HQ
             inb = _tile_mask(offs, LQ, rd, D, BLOCK_D)
@@ -221,10 +225,13 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
             dof = do.to(tl.float32)
             tl.store(DELTA + bh * LQ + offs, tl.sum(dof * o, axis=1), mask=offs < LQ)
             tl.store(LSE2 + bh * LQ + offs, _lse2(tl.load(LSE + bh * LQ + offs, mask=offs < LQ)), mask=offs < LQ)
-            tl.store(DO16 + (bh * LQ + offs[:, None]) * D + rd[None, :], do.to(DO16.dtype.element_ty), mask=inb)
+            if STORE_DO16:
+                tl.store(DO16 + (bh * LQ + offs[:, None]) * D + rd[None, :], do.to(DO16.dtype.element_ty), mask=inb)
             d8, sdo = _psi(dof, EMULATE)
             store_tokens_last(DO8T + bh * D * LQ, d8, offs, rd, LQ, inb)
             tl.store(SDO + bh * NQB + blk, sdo)
+    elif PART == 1:
+        pass
     elif j < 2 * BHQ:
         if blk < NQB:
             bh = (j - BHQ).to(tl.int64)
@@ -249,31 +256,49 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
             tl.store(V16 + off, v.to(V16.dtype.element_ty), mask=inb)
 
 
+# _bwd_prep's launch: one (PREP_SPLIT False, PREP_WARPS warps) or two, dO's programs (PREP_WARPS_DO) and the
+# transposes and V̂'s (PREP_WARPS_REST), each compiled without the other's code (benchmarks/bench_train_prep.py)
+PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST = False, 8, 8, 4
+
+
+def reads_do_in_place(do: torch.Tensor, layout: str, dtype16: torch.dtype) -> bool:
+    """Whether the backward's kernels can read ``do`` as their 16-bit dO operand (HND, contiguous, ``dtype16``, its
+    first value 16-byte aligned as the TMA needs: storage offset a multiple of 8 values), so that no copy is made."""
+    off = do.storage_offset()
+    return (layout == "HND" and do.dtype == dtype16 and do.is_contiguous() and isinstance(off, int) and off % 8 == 0)
+
+
 def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> dict:
-    """The backward's derived operands (:func:`_bwd_prep`, one launch) of contiguous HND ``q8``, ``k8``, ``v8``
-    (INT8 (B, H, N, D)), ``vs`` (V's 64-key block scales), O and dO in ``layout``, the LSE (B, Hq, Nq): ``delta``,
-    ``lse2`` (B, Hq, Nq) fp32, ``do16`` (B, Hq, Nq, D) in ``dtype16``, ``do8t`` (B, Hq, D, Nq) int8 with ``sdo``
-    (B, Hq, ceil(Nq/128)) fp32, ``q8t`` (B, Hq, D, Nq), ``k8t`` (B, Hkv, D, Nk) int8 and ``v16`` (B, Hkv, Nk, D) in
-    ``dtype16``."""
+    """The backward's derived operands (:func:`_bwd_prep`, one launch or two: ``PREP_SPLIT``) of contiguous HND
+    ``q8``, ``k8``, ``v8`` (INT8 (B, H, N, D)), ``vs`` (V's 64-key block scales), O and dO in ``layout``, the LSE
+    (B, Hq, Nq): ``delta``, ``lse2`` (B, Hq, Nq) fp32, ``do16`` (B, Hq, Nq, D) in ``dtype16`` (``do`` itself where
+    :func:`reads_do_in_place`), ``do8t`` (B, Hq, D, Nq) int8 with ``sdo`` (B, Hq, ceil(Nq/128)) fp32, ``q8t``
+    (B, Hq, D, Nq), ``k8t`` (B, Hkv, D, Lk) int8 and ``v16`` (B, Hkv, Nk, D) in ``dtype16``."""
     b, hq, lq, d = q8.shape
     hkv, lk = k8.shape[1], k8.shape[2]
     dev, i8, f32 = q8.device, torch.int8, torch.float32
     nqb = cdiv(lq, BLOCK_Q)
+    in_place = reads_do_in_place(do, layout, dtype16)
     r = dict(delta=torch.empty((b, hq, lq), dtype=f32, device=dev), lse2=torch.empty((b, hq, lq), dtype=f32, device=dev),
-             do16=torch.empty((b, hq, lq, d), dtype=dtype16, device=dev),
+             do16=do if in_place else torch.empty((b, hq, lq, d), dtype=dtype16, device=dev),
              do8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), sdo=torch.empty((b, hq, nqb), dtype=f32, device=dev),
              q8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), k8t=torch.empty((b, hkv, d, lk), dtype=i8, device=dev),
              v16=torch.empty((b, hkv, lk, d), dtype=dtype16, device=dev))
     # each part in programs of its own: offline for sm_90a at hd128 (this machine's Triton, ptxas 13.0), dO's part and
     # the transposes in the same programs spilled ~1 KB, V̂'s 128-key tiles ~0.7 KB more; now 428 bytes, where the
     # old dO-only kernel spilled 172 (not yet timed on a GPU)
-    grid = (b * (2 * hq + 2 * hkv), max(nqb, vs.shape[-1]))
-    if grid[0] and grid[1]:
-        launch(_bwd_prep, grid)(
-            o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"], v8, vs,
-            r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d, nqb,
-            vs.shape[-1], BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)), V_BLOCK=BLOCK_KV,
-            RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16, EMULATE=EMULATE_FP8, num_warps=8)
+    nvb = vs.shape[-1]
+    args = (o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"], v8, vs,
+            r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d, nqb, nvb)
+    meta = dict(BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)), V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16,
+                EMULATE=EMULATE_FP8, STORE_DO16=not in_place)
+    if PREP_SPLIT:
+        parts = [(1, 0, (b * hq, nqb), PREP_WARPS_DO), (2, b * hq, (b * (hq + 2 * hkv), max(nqb, nvb)), PREP_WARPS_REST)]
+    else:
+        parts = [(0, 0, (b * (2 * hq + 2 * hkv), max(nqb, nvb)), PREP_WARPS)]
+    for part, j0, grid, warps in parts:
+        if grid[0] and grid[1]:
+            launch(_bwd_prep, grid)(*args, j0, **meta, PART=part, num_warps=warps)
     return r
 
 

@@ -1,0 +1,148 @@
+"""``int8_train``'s memory-bound kernels (the forward's prologue: K's mean and ``_quant_qkv``; the backward's
+``_bwd_prep``) under other launch configurations, against the default in one process (GPU).
+
+    python benchmarks/bench_train_prep.py [--shapes 16x16x2048x128,2x16x16384x128] [--rounds 3] [--out F.json]
+
+Per shape (B x H x N x D, bf16, HND): each variant's median GPU ms (``triton.testing.do_bench``, ``--rounds``
+rounds in rotated order, the median of their medians), the bandwidth of its DRAM floor (each tensor read and
+written once: Q, K, V read and K read again for its mean, q̂, k̂, V̂, V̂ᵀ written; O and dO read, q̂, k̂, V̂ read,
+the 16-bit dO (where copied), ψ(dO)ᵀ, q̂ᵀ, k̂ᵀ and V̂ in 16 bits written), whether its outputs equal the default's
+bit for bit, and the forward + backward of a whole ``int8_train`` call (CUDA core) with each backward variant.
+``--profile``: the CPU ops of one forward + backward by their CUDA time (what launched each kernel).
+Records: ``metric`` ``ms`` (``kernel`` prologue / bwd_prep / fwd_bwd, ``variant``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_attention import gpu_meta  # noqa: E402
+
+QKV = {"w_default": 0, "w4": 4, "w16": 16}
+# (PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST, dO read in place)
+PREP = {"base_copy": (False, 8, 8, 4, False), "default": (False, 8, 8, 4, True), "w16": (False, 16, 8, 4, True),
+        "split_8_4": (True, 8, 8, 4, True), "split_16_4": (True, 8, 16, 4, True), "split_8_8": (True, 8, 8, 8, True),
+        "split_16_8": (True, 8, 16, 8, True)}
+
+
+def _median_rounds(fns: dict, rounds: int) -> dict:
+    import triton
+
+    names, times = list(fns), {n: [] for n in fns}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            times[n].append(triton.testing.do_bench(fns[n], warmup=25, rep=150))
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return all(_same(x, y) for x, y in zip(a, b))
+    return (a is b) if a is None or b is None else torch.equal(a, b)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="16x16x2048x128,2x16x16384x128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/train_prep.json")
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    os.environ["SAGE_COMPILE_INT8_TRAIN_CORE"] = "cuda"
+    import sage_compile
+    from sage_compile.kernels.int8_train import attention as KA
+    from sage_compile.kernels.int8_train import quantize as KQ
+
+    meta = gpu_meta(inputs="gaussian")
+    recs = []
+    opts = sage_compile.Options(int8_train_psi="split")
+
+    def set_prep(v):
+        KA.PREP_SPLIT, KA.PREP_WARPS, KA.PREP_WARPS_DO, KA.PREP_WARPS_REST, in_place = v
+        KA.reads_do_in_place = (lambda *x: False) if not in_place else _in_place
+
+    _in_place = KA.reads_do_in_place
+    for shape in a.shapes.split(","):
+        b, h, n, d = (int(x) for x in shape.split("x"))
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v, o, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(5))
+        e = b * h * n * d
+        # prologue
+        outs, fns = {}, {}
+        for name, w in QKV.items():
+            def f(w=w):
+                KQ.QKV_WARPS = w
+                return KQ.quantize_vt(q, k, v)
+            outs[name], fns[name] = f(), f
+        ms = _median_rounds(fns, a.rounds)
+        floor = e * (2 * 4 + 4)
+        for name in QKV:
+            same = _same(outs[name], outs["w_default"])
+            print(f"{shape} prologue {name:10s} {ms[name]:.4f} ms  {floor / ms[name] / 1e9:7.1f} GB/s  same {same}",
+                  flush=True)
+            recs.append(dict(meta, kernel="prologue", variant=name, shape=shape, metric="ms", value=ms[name],
+                             note=f"same bits as w_default: {same}"))
+        KQ.QKV_WARPS = 0
+        qt, _ = KQ.quantize_vt(q, k, v)
+        q8, qs, k8, ks, v8, vs = qt[:6]
+        lse = torch.randn(b, h, n, device="cuda")
+        outs, fns = {}, {}
+        for name, var in PREP.items():
+            def f(var=var):
+                set_prep(var)
+                return KA.bwd_prep(q8, k8, v8, vs, o, lse, do, "HND", torch.bfloat16)
+            outs[name], fns[name] = f(), f
+        ms = _median_rounds(fns, a.rounds)
+        for name, var in PREP.items():
+            same = _same(outs[name], outs["base_copy"])
+            floor = e * (2 * 2 + 3 + (2 if not var[4] else 0) + 3 + 2)
+            print(f"{shape} bwd_prep {name:10s} {ms[name]:.4f} ms  {floor / ms[name] / 1e9:7.1f} GB/s  same {same}",
+                  flush=True)
+            recs.append(dict(meta, kernel="bwd_prep", variant=name, shape=shape, metric="ms", value=ms[name],
+                             note=f"same bits as base_copy: {same}"))
+        # a whole forward + backward with each backward variant
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+        def step():
+            out = sage_compile.attention(qg, kg, vg, None, "none", None, "HND", "int8_train", opts)
+            return torch.autograd.grad(out, (qg, kg, vg), do)
+
+        fns, grads = {}, {}
+        for name, var in PREP.items():
+            def f(var=var):
+                set_prep(var)
+                return step()
+            grads[name], fns[name] = f(), f
+        ms = _median_rounds(fns, a.rounds)
+        for name in PREP:
+            same = _same(grads[name], grads["base_copy"])
+            print(f"{shape} fwd_bwd  {name:10s} {ms[name]:.4f} ms  same {same}", flush=True)
+            recs.append(dict(meta, kernel="fwd_bwd", variant=name, shape=shape, metric="ms", value=ms[name],
+                             note=f"same bits as base_copy: {same}"))
+        set_prep(PREP["default"])
+        if a.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60))
+        del q, k, v, o, do, qg, kg, vg
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as fh:
+            json.dump(recs, fh, indent=1)
+    print("wrote", a.out)
+
+
+if __name__ == "__main__":
+    main()
