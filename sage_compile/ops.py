@@ -280,10 +280,15 @@ def _train_setup(ctx, inputs, output):
     o, lse, *qt = output
     ctx.save_for_backward(*qt, o, lse, attn_mask)
     ctx.causal, ctx.scale, ctx.layout, ctx.psi = causal, scale, layout, psi
+    # the outputs past O carry no gradient: autograd would otherwise fill a zero tensor for each (q̂, k̂, V̂ included:
+    # 3 x 67 MB at B·N = 32K, hd128, 16 heads; H100 run 186, 68 us a backward)
+    ctx.set_materialize_grads(False)
 
 
 def _backward_through(op):
     def backward(ctx, grad_o, grad_lse, *_quantized):
+        if grad_o is None:  # (O unused: nothing flows back)
+            return None, None, None, None, None, None, None, None
         *qt, o, lse, attn_mask = ctx.saved_tensors
         do = grad_o if grad_o.stride(-1) == 1 else grad_o.contiguous()  # (the kernels read dO at its strides)
         dq, dk, dv = op(*qt, o, lse, do, attn_mask, ctx.causal, ctx.scale, ctx.layout, ctx.psi)

@@ -257,8 +257,12 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
 
 
 # _bwd_prep's launch: one (PREP_SPLIT False, PREP_WARPS warps) or two, dO's programs (PREP_WARPS_DO) and the
-# transposes and V̂'s (PREP_WARPS_REST), each compiled without the other's code (benchmarks/bench_train_prep.py)
-PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST = False, 8, 8, 4
+# transposes and V̂'s (PREP_WARPS_REST), each compiled without the other's code. H100 run 186
+# (benchmarks/bench_train_prep.py, B·N = 32K, 16 heads, hd128, same bits, GPU ms at 2K / 16K): one launch of 8 warps
+# with dO copied 0.484 / 0.482, with dO read in place 0.333 / 0.307, in two launches of 8 and 4 warps 0.294 / 0.292
+# (2.7-2.8 TB/s of its DRAM floor; 16 warps for dO's part 0.299). Offline (Triton 3.9, sm_90), one launch of 8 warps
+# takes 254 registers a thread: one program per SM
+PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST = True, 8, 8, 4
 
 
 def reads_do_in_place(do: torch.Tensor, layout: str, dtype16: torch.dtype) -> bool:
@@ -284,9 +288,6 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
              do8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), sdo=torch.empty((b, hq, nqb), dtype=f32, device=dev),
              q8t=torch.empty((b, hq, d, lq), dtype=i8, device=dev), k8t=torch.empty((b, hkv, d, lk), dtype=i8, device=dev),
              v16=torch.empty((b, hkv, lk, d), dtype=dtype16, device=dev))
-    # each part in programs of its own: offline for sm_90a at hd128 (this machine's Triton, ptxas 13.0), dO's part and
-    # the transposes in the same programs spilled ~1 KB, V̂'s 128-key tiles ~0.7 KB more; now 428 bytes, where the
-    # old dO-only kernel spilled 172 (not yet timed on a GPU)
     nvb = vs.shape[-1]
     args = (o, do, lse, r["delta"], r["do16"], r["do8t"], r["sdo"], r["lse2"], q8, r["q8t"], k8, r["k8t"], v8, vs,
             r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d, nqb, nvb)

@@ -17,7 +17,10 @@ from .._common import EMULATE_FP8, cdiv, div_by, fast_div_ok, int8_bits, launch,
 from ..int8_fp8.quantize import _max_nan, int8_values, load_token_tile, token_tile_index
 
 BLOCK_Q, BLOCK_KV = 128, 64
-QKV_WARPS = 0  # :func:`_quant_qkv`'s warps (0: 8 from 128-channel tiles up, else 4; benchmarks/bench_train_prep.py)
+# :func:`_quant_qkv`'s warps. H100 run 186 (benchmarks/bench_train_prep.py, B·N = 32K, 16 heads, hd128, same bits),
+# the prologue (K's mean and this launch) at 2K / 16K: 8 warps 0.442 / 0.433 ms, 4 warps 0.354 / 0.345, 16 warps 0.455
+# / 0.446 (offline, Triton 3.9: 168, 110 and 78 registers a thread)
+QKV_WARPS = 4
 _BQ, _BKV = tl.constexpr(BLOCK_Q), tl.constexpr(BLOCK_KV)  # (inside kernels)
 
 
@@ -141,5 +144,5 @@ def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str =
         launch(_quant_qkv, (b * hq + 2 * b * hkv, max(nqb, nkb)))(
             q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
             hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb, V_TRANSPOSED=v_transposed, BLOCK_D=bd, EMULATE=EMULATE_FP8,
-            num_warps=QKV_WARPS or (8 if BLOCK_Q * bd >= 8192 else 4))
+            num_warps=QKV_WARPS)
     return (q8, qs, k8, ks, v8, vs, mean[:, :, None, :]), v8t
