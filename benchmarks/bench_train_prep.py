@@ -67,6 +67,8 @@ def main():
     recs = []
     opts = sage_compile.Options(int8_train_psi="split")
 
+    KA.PREP_SPLIT_MIN_ELEMENTS = 0  # (the variants say where to split)
+
     def set_prep(v):
         KA.PREP_SPLIT, KA.PREP_WARPS, KA.PREP_WARPS_DO, KA.PREP_WARPS_REST, in_place = v
         KA.reads_do_in_place = (lambda *x: False) if not in_place else _in_place

@@ -272,6 +272,7 @@ def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype, split, monkeyp
     one launch and in two (``PREP_SPLIT``: dO's programs, then the others). An HND dO of the 16-bit type is read in
     place (no copy), an NHD one is copied to HND."""
     monkeypatch.setattr(KA, "PREP_SPLIT", split)
+    monkeypatch.setattr(KA, "PREP_SPLIT_MIN_ELEMENTS", 0)
     p = check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)
     assert (p["do16"].shape == p["delta"].shape + (d,)) and p["do16"].is_contiguous()
 
