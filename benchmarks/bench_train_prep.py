@@ -24,9 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import gpu_meta  # noqa: E402
 
-# (QKV_WARPS, QKV_SPLIT, QKV_WARPS_Q, QKV_WARPS_KV)
-QKV = {"w4": (4, False, 4, 4), "w8": (8, False, 4, 4), "w16": (16, False, 4, 4), "split_4_2": (4, True, 4, 2),
-       "split_8_2": (4, True, 8, 2), "split_8_4": (4, True, 8, 4), "split_4_8": (4, True, 4, 8)}
+QKV = {"w4": 4, "w8": 8, "w16": 16}  # QKV_WARPS
 # (PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST, dO read in place)
 PREP = {"base_copy": (False, 8, 8, 4, False), "one_8": (False, 8, 8, 4, True), "one_16": (False, 16, 8, 4, True),
         "split_8_4": (True, 8, 8, 4, True), "split_16_4": (True, 8, 16, 4, True), "split_8_8": (True, 8, 8, 8, True),
@@ -83,7 +81,7 @@ def main():
         outs, fns = {}, {}
         for name, w in QKV.items():
             def f(w=w):
-                KQ.QKV_WARPS, KQ.QKV_SPLIT, KQ.QKV_WARPS_Q, KQ.QKV_WARPS_KV = w
+                KQ.QKV_WARPS = w
                 return KQ.quantize_vt(q, k, v)
             outs[name], fns[name] = f(), f
         ms = _median_rounds(fns, a.rounds)
@@ -94,7 +92,7 @@ def main():
                   flush=True)
             recs.append(dict(meta, kernel="prologue", variant=name, shape=shape, metric="ms", value=ms[name],
                              note=f"same bits as w4: {same}"))
-        KQ.QKV_WARPS, KQ.QKV_SPLIT, KQ.QKV_WARPS_Q, KQ.QKV_WARPS_KV = QKV["w4"]
+        KQ.QKV_WARPS = QKV["w4"]
         qt, _ = KQ.quantize_vt(q, k, v)
         q8, qs, k8, ks, v8, vs = qt[:6]
         lse = torch.randn(b, h, n, device="cuda")

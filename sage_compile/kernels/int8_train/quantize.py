@@ -19,9 +19,9 @@ from ..int8_fp8.quantize import _max_nan, int8_values, load_token_tile, token_ti
 BLOCK_Q, BLOCK_KV = 128, 64
 # :func:`_quant_qkv`'s warps. H100 run 186 (benchmarks/bench_train_prep.py, B·N = 32K, 16 heads, hd128, same bits),
 # the prologue (K's mean and this launch) at 2K / 16K: 8 warps 0.442 / 0.433 ms, 4 warps 0.354 / 0.345, 16 warps 0.455
-# / 0.446 (offline, Triton 3.9: 168, 110 and 78 registers a thread)
-# QKV_SPLIT: Q's programs in a launch of QKV_WARPS_Q warps, K's and V's in one of QKV_WARPS_KV (not timed yet)
-QKV_WARPS, QKV_SPLIT, QKV_WARPS_Q, QKV_WARPS_KV = 4, False, 4, 4
+# / 0.446 (offline, Triton 3.9: 168, 110 and 78 registers a thread). hd64 (8 warps before, as hd128) is not timed on
+# 4: its tiles are half as wide
+QKV_WARPS = 4
 _BQ, _BKV = tl.constexpr(BLOCK_Q), tl.constexpr(BLOCK_KV)  # (inside kernels)
 
 
@@ -70,19 +70,16 @@ def _quant_tile(X, MEAN, Y, YT, S, bh, blk, sxb, sxh, sxn, sxd, H, N, D, NBLK, H
 
 @triton.jit
 def _quant_qkv(Q, K, V, MEAN, Q8, K8, V8, V8T, QS, KS, VS, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-               HQ, HKV, BHQ, BHKV, NQ, NK, D, NQB, NKB, J0, V_TRANSPOSED: tl.constexpr, BLOCK_D: tl.constexpr,
-               EMULATE: tl.constexpr, PART: tl.constexpr):
+               HQ, HKV, BHQ, BHKV, NQ, NK, D, NQB, NKB, V_TRANSPOSED: tl.constexpr, BLOCK_D: tl.constexpr,
+               EMULATE: tl.constexpr):
     """The whole prologue after K's mean in one launch: program (j, blk) quantizes Q's 128-token block ``blk`` of
     (batch x head) j (j < BHQ), K's 64-token block (minus the mean) or V's (then also V̂ transposed, the forward's
-    K-major P·V operand, with ``V_TRANSPOSED``); blocks past a tensor's end do nothing. ``PART`` 0 all of it; 1 Q's
-    programs alone, 2 K's and V's alone (program j - J0 taking j's work, J0 = BHQ): each its own launch."""
-    j, blk = tl.program_id(0) + J0, tl.program_id(1)
+    K-major P·V operand, with ``V_TRANSPOSED``); blocks past a tensor's end do nothing."""
+    j, blk = tl.program_id(0), tl.program_id(1)
     if j < BHQ:
-        if PART != 2 and blk < NQB:
+        if blk < NQB:
             _quant_tile(Q, MEAN, Q8, Q8, QS, j, blk, sqb, sqh, sqn, sqd, HQ, NQ, D, NQB, False, False, _BQ, BLOCK_D,
                         EMULATE)
-    elif PART == 1:
-        pass
     elif j < BHQ + BHKV:
         if blk < NKB:
             _quant_tile(K, MEAN, K8, K8, KS, j - BHQ, blk, skb, skh, skn, skd, HKV, NK, D, NKB, True, False, _BKV,
@@ -143,14 +140,9 @@ def quantize_vt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str =
     qs = torch.empty((b, hq, nqb), dtype=f32, device=dev)
     ks, vs = (torch.empty((b, hkv, nkb), dtype=f32, device=dev) for _ in range(2))
     v8t = torch.empty((b, hkv, d, nk), dtype=i8, device=dev) if v_transposed else None
-    args = (q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
-            hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb)
-    meta = dict(V_TRANSPOSED=v_transposed, BLOCK_D=max(16, pow2(d)), EMULATE=EMULATE_FP8)
-    if QKV_SPLIT:
-        parts = [(1, 0, (b * hq, nqb), QKV_WARPS_Q), (2, b * hq, (2 * b * hkv, nkb), QKV_WARPS_KV)]
-    else:
-        parts = [(0, 0, (b * hq + 2 * b * hkv, max(nqb, nkb)), QKV_WARPS)]
-    for part, j0, grid, warps in parts:
-        if grid[0] and grid[1]:
-            launch(_quant_qkv, grid)(*args, j0, **meta, PART=part, num_warps=warps)
+    if q.numel() or k.numel():
+        launch(_quant_qkv, (b * hq + 2 * b * hkv, max(nqb, nkb)))(
+            q, k, v, mean, q8, k8, v8, v8 if v8t is None else v8t, qs, ks, vs, *q.stride(), *k.stride(), *v.stride(),
+            hq, hkv, b * hq, b * hkv, nq, nk, d, nqb, nkb, V_TRANSPOSED=v_transposed, BLOCK_D=max(16, pow2(d)),
+            EMULATE=EMULATE_FP8, num_warps=QKV_WARPS)
     return (q8, qs, k8, ks, v8, vs, mean[:, :, None, :]), v8t
