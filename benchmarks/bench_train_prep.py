@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from bench_attention import gpu_meta  # noqa: E402
 
 QKV = {"w4": 4, "w8": 8, "w16": 16}  # QKV_WARPS
-# (PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST, dO read in place)
+# (two launches, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST, dO read in place)
 PREP = {"base_copy": (False, 8, 8, 4, False), "one_8": (False, 8, 8, 4, True), "one_16": (False, 16, 8, 4, True),
         "split_8_4": (True, 8, 8, 4, True), "split_16_4": (True, 8, 16, 4, True), "split_8_8": (True, 8, 8, 8, True),
         "split_16_8": (True, 8, 16, 8, True), "split_8_4_copy": (True, 8, 8, 4, False)}
@@ -49,6 +49,24 @@ def _same(a, b) -> bool:
     return (a is b) if a is None or b is None else torch.equal(a, b)
 
 
+def _run_variants(variants: dict, call, rounds: int):
+    """``call(v)`` for each variant's value: ``(median ms of each, each one's outputs)``."""
+    fns = {name: (lambda v=v: call(v)) for name, v in variants.items()}
+    outs = {name: f() for name, f in fns.items()}
+    return _median_rounds(fns, rounds), outs
+
+
+def _report(recs, meta, kernel, shape, ms, outs, base, floor=None):
+    """Print and record each variant's time, its bandwidth over ``floor(name)`` bytes, and whether its outputs are
+    ``base``'s bits."""
+    for name in ms:
+        same = _same(outs[name], outs[base])
+        bw = f"  {floor(name) / ms[name] / 1e9:6.2f} TB/s" if floor else ""
+        print(f"{shape} {kernel:8s} {name:14s} {ms[name]:.4f} ms{bw}  same {same}", flush=True)
+        recs.append(dict(meta, kernel=kernel, variant=name, shape=shape, metric="ms", value=ms[name],
+                         note=f"same bits as {base}: {same}"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="16x16x2048x128,2x16x16384x128")
@@ -65,10 +83,9 @@ def main():
     recs = []
     opts = sage_compile.Options(int8_train_psi="split")
 
-    KA.PREP_SPLIT_MIN_ELEMENTS = 0  # (the variants say where to split)
-
     def set_prep(v):
-        KA.PREP_SPLIT, KA.PREP_WARPS, KA.PREP_WARPS_DO, KA.PREP_WARPS_REST, in_place = v
+        split, KA.PREP_WARPS, KA.PREP_WARPS_DO, KA.PREP_WARPS_REST, in_place = v
+        KA.PREP_SPLIT_MIN_ELEMENTS = 0 if split else None  # (the variant says whether to split)
         KA.reads_do_in_place = (lambda *x: False) if not in_place else _in_place
 
     _in_place = KA.reads_do_in_place
@@ -78,38 +95,24 @@ def main():
         q, k, v, o, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(5))
         e = b * h * n * d
         # prologue
-        outs, fns = {}, {}
-        for name, w in QKV.items():
-            def f(w=w):
-                KQ.QKV_WARPS = w
-                return KQ.quantize_vt(q, k, v)
-            outs[name], fns[name] = f(), f
-        ms = _median_rounds(fns, a.rounds)
-        floor = e * (2 * 4 + 4)
-        for name in QKV:
-            same = _same(outs[name], outs["w4"])
-            print(f"{shape} prologue {name:10s} {ms[name]:.4f} ms  {floor / ms[name] / 1e9:6.2f} TB/s  same {same}",
-                  flush=True)
-            recs.append(dict(meta, kernel="prologue", variant=name, shape=shape, metric="ms", value=ms[name],
-                             note=f"same bits as w4: {same}"))
+        def prologue(w):
+            KQ.QKV_WARPS = w
+            return KQ.quantize_vt(q, k, v)
+
+        ms, outs = _run_variants(QKV, prologue, a.rounds)
+        _report(recs, meta, "prologue", shape, ms, outs, "w4", lambda name: e * (2 * 4 + 4))
         KQ.QKV_WARPS = QKV["w4"]
         qt, _ = KQ.quantize_vt(q, k, v)
         q8, qs, k8, ks, v8, vs = qt[:6]
         lse = torch.randn(b, h, n, device="cuda")
-        outs, fns = {}, {}
-        for name, var in PREP.items():
-            def f(var=var):
-                set_prep(var)
-                return KA.bwd_prep(q8, k8, v8, vs, o, lse, do, "HND", torch.bfloat16)
-            outs[name], fns[name] = f(), f
-        ms = _median_rounds(fns, a.rounds)
-        for name, var in PREP.items():
-            same = _same(outs[name], outs["base_copy"])
-            floor = e * (2 * 2 + 3 + (2 if not var[4] else 0) + 3 + 2)
-            print(f"{shape} bwd_prep {name:10s} {ms[name]:.4f} ms  {floor / ms[name] / 1e9:6.2f} TB/s  same {same}",
-                  flush=True)
-            recs.append(dict(meta, kernel="bwd_prep", variant=name, shape=shape, metric="ms", value=ms[name],
-                             note=f"same bits as base_copy: {same}"))
+
+        def prep(var):
+            set_prep(var)
+            return KA.bwd_prep(q8, k8, v8, vs, o, lse, do, "HND", torch.bfloat16)
+
+        ms, outs = _run_variants(PREP, prep, a.rounds)
+        _report(recs, meta, "bwd_prep", shape, ms, outs, "base_copy",
+                lambda name: e * (2 * 2 + 3 + (0 if PREP[name][4] else 2) + 3 + 2))
         # a whole forward + backward with each backward variant
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
 
@@ -117,18 +120,12 @@ def main():
             out = sage_compile.attention(qg, kg, vg, None, "none", None, "HND", "int8_train", opts)
             return torch.autograd.grad(out, (qg, kg, vg), do)
 
-        fns, grads = {}, {}
-        for name, var in PREP.items():
-            def f(var=var):
-                set_prep(var)
-                return step()
-            grads[name], fns[name] = f(), f
-        ms = _median_rounds(fns, a.rounds)
-        for name in PREP:
-            same = _same(grads[name], grads["base_copy"])
-            print(f"{shape} fwd_bwd  {name:10s} {ms[name]:.4f} ms  same {same}", flush=True)
-            recs.append(dict(meta, kernel="fwd_bwd", variant=name, shape=shape, metric="ms", value=ms[name],
-                             note=f"same bits as base_copy: {same}"))
+        def fwd_bwd(var):
+            set_prep(var)
+            return step()
+
+        ms, grads = _run_variants(PREP, fwd_bwd, a.rounds)
+        _report(recs, meta, "fwd_bwd", shape, ms, grads, "base_copy")
         set_prep(PREP["split_8_4"])
         if a.profile:
             from torch.profiler import ProfilerActivity, profile

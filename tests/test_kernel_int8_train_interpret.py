@@ -265,10 +265,9 @@ def test_tokens_last_is_the_transpose(shape):
 def test_bwd_prep_is_torchs_bit_for_bit(lq, lk, d, layout, dtype, split, monkeypatch):
     """The backward's preparation launch: transposes, V̂ in 16 bits, dO, delta, LSE2, ψ(dO) (helpers.check_bwd_prep),
     more query blocks than key blocks and fewer, head dims below the tile's, O and dO read through NHD strides; in
-    one launch and in two (``PREP_SPLIT``: dO's programs, then the others). An HND dO of the 16-bit type is read in
-    place (no copy), an NHD one is copied to HND."""
-    monkeypatch.setattr(KA, "PREP_SPLIT", split)
-    monkeypatch.setattr(KA, "PREP_SPLIT_MIN_ELEMENTS", 0)
+    one launch and in two (``PREP_SPLIT_MIN_ELEMENTS``: dO's programs, then the others). An HND dO of the 16-bit type
+    is read in place (no copy), an NHD one is copied to HND."""
+    monkeypatch.setattr(KA, "PREP_SPLIT_MIN_ELEMENTS", 0 if split else None)
     p = check_bwd_prep(KA, "cpu", dtype, lq=lq, lk=lk, d=d, layout=layout, seed=lq)
     assert (p["do16"].shape == p["delta"].shape + (d,)) and p["do16"].is_contiguous()
 

@@ -256,14 +256,14 @@ def _bwd_prep(O, DO, LSE, DELTA, DO16, DO8T, SDO, LSE2, Q8, Q8T, K8, K8T, V8, VS
             tl.store(V16 + off, v.to(V16.dtype.element_ty), mask=inb)
 
 
-# _bwd_prep's launch: one (PREP_SPLIT False, PREP_WARPS warps) or two, dO's programs (PREP_WARPS_DO) and the
-# transposes and V̂'s (PREP_WARPS_REST), each compiled without the other's code. H100 run 186
+# _bwd_prep's launch: one (PREP_WARPS warps) or, from PREP_SPLIT_MIN_ELEMENTS values of dO (None: never), two, dO's
+# programs (PREP_WARPS_DO) and the transposes and V̂'s (PREP_WARPS_REST), each compiled without the other's code. H100 run 186
 # (benchmarks/bench_train_prep.py, B·N = 32K, 16 heads, hd128, same bits, GPU ms at 2K / 16K): one launch of 8 warps
 # with dO copied 0.484 / 0.482, with dO read in place 0.333 / 0.307, in two launches of 8 and 4 warps 0.294 / 0.292
 # (2.7-2.8 TB/s of its DRAM floor; 16 warps for dO's part 0.299). Offline (Triton 3.9, sm_90), one launch of 8 warps
-# takes 254 registers a thread: one program per SM. Split only from PREP_SPLIT_MIN_ELEMENTS values of dO, where the
-# ~0.04 ms saved at 2^26 (run 186) outweighs the second launch's host time (8-24 us a Triton launch, runs 125 / 139)
-PREP_SPLIT, PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST = True, 8, 8, 4
+# takes 254 registers a thread: one program per SM. Split from 2^25 values of dO, where the ~0.04 ms saved at 2^26
+# (run 186) outweighs the second launch's host time (8-24 us a Triton launch, runs 125 / 139)
+PREP_WARPS, PREP_WARPS_DO, PREP_WARPS_REST = 8, 8, 4
 PREP_SPLIT_MIN_ELEMENTS = 1 << 25
 
 
@@ -275,8 +275,8 @@ def reads_do_in_place(do: torch.Tensor, layout: str, dtype16: torch.dtype) -> bo
 
 
 def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> dict:
-    """The backward's derived operands (:func:`_bwd_prep`, one launch or two: ``PREP_SPLIT``, from
-    ``PREP_SPLIT_MIN_ELEMENTS``) of contiguous HND
+    """The backward's derived operands (:func:`_bwd_prep`, one launch or two: ``PREP_SPLIT_MIN_ELEMENTS``) of
+    contiguous HND
     ``q8``, ``k8``, ``v8`` (INT8 (B, H, N, D)), ``vs`` (V's 64-key block scales), O and dO in ``layout``, the LSE
     (B, Hq, Nq): ``delta``, ``lse2`` (B, Hq, Nq) fp32, ``do16`` (B, Hq, Nq, D) in ``dtype16`` (``do`` itself where
     :func:`reads_do_in_place`), ``do8t`` (B, Hq, D, Nq) int8 with ``sdo`` (B, Hq, ceil(Nq/128)) fp32, ``q8t``
@@ -296,7 +296,8 @@ def bwd_prep(q8, k8, v8, vs, o, lse, do, layout: str, dtype16: torch.dtype) -> d
             r["v16"], *bhn_strides(o, layout), *bhn_strides(do, layout), b * hq, b * hkv, hq, lq, lk, d, nqb, nvb)
     meta = dict(BLOCK_M=BLOCK_Q, BLOCK_D=max(16, pow2(d)), V_BLOCK=BLOCK_KV, RNE_BF16=EMULATE_FP8 and dtype16 == torch.bfloat16,
                 EMULATE=EMULATE_FP8, STORE_DO16=not in_place)
-    if PREP_SPLIT and isinstance(do.numel(), int) and do.numel() >= PREP_SPLIT_MIN_ELEMENTS:
+    split_from, n = PREP_SPLIT_MIN_ELEMENTS, do.numel()
+    if split_from is not None and isinstance(n, int) and n >= split_from:
         parts = [(1, 0, (b * hq, nqb), PREP_WARPS_DO), (2, b * hq, (b * (hq + 2 * hkv), max(nqb, nvb)), PREP_WARPS_REST)]
     else:
         parts = [(0, 0, (b * (2 * hq + 2 * hkv), max(nqb, nvb)), PREP_WARPS)]
